@@ -1,0 +1,72 @@
+"""posenc: positional encodings for Transformers, one attention core and three places where position enters.
+
+The input (sinusoidal), the queries and keys (RoPE), the scores (ALiBi): see
+`posenc.schemes` for the hooks, `posenc.attention` for the entry point and its
+backends, and `posenc.desiderata` for the measurements every chapter reports.
+"""
+
+from .alibi import alibi_bias, alibi_slopes, relative_distance
+from .attention import BACKENDS, attention, attention_logits
+from .desiderata import (
+    decay_score,
+    desiderata,
+    distinctness,
+    far_attention,
+    position_logits,
+    similarity_by_distance,
+    window_drift,
+)
+from .masks import causal_mask
+from .rope import (
+    LAYOUTS,
+    ROPE_TYPES,
+    apply_rope,
+    interleaved_to_half_permutation,
+    rope_angles,
+    rope_frequencies,
+    rotate_half,
+    rotate_interleaved,
+)
+from .schemes import HOOKS, SCHEMES, ALiBi, NoPE, Rope, Scheme, Sinusoidal, make_scheme
+from .sinusoidal import shift_rotation, sinusoidal_encoding, sinusoidal_frequencies, sinusoidal_wavelengths
+from .device import default_device
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALiBi",
+    "BACKENDS",
+    "HOOKS",
+    "LAYOUTS",
+    "NoPE",
+    "ROPE_TYPES",
+    "Rope",
+    "SCHEMES",
+    "Scheme",
+    "Sinusoidal",
+    "alibi_bias",
+    "alibi_slopes",
+    "apply_rope",
+    "attention",
+    "attention_logits",
+    "causal_mask",
+    "decay_score",
+    "default_device",
+    "desiderata",
+    "distinctness",
+    "far_attention",
+    "interleaved_to_half_permutation",
+    "make_scheme",
+    "position_logits",
+    "relative_distance",
+    "rope_angles",
+    "rope_frequencies",
+    "rotate_half",
+    "rotate_interleaved",
+    "shift_rotation",
+    "similarity_by_distance",
+    "sinusoidal_encoding",
+    "sinusoidal_frequencies",
+    "sinusoidal_wavelengths",
+    "window_drift",
+]

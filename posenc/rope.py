@@ -1,0 +1,108 @@
+"""Rotary position embedding (Su et al., RoFormer): the query/key hook.
+
+`rope_frequencies` is a registry of frequency schedules keyed by the `rope_type`
+names of Hugging Face transformers; `apply_rope` rotates queries or keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ._checks import as_positions, choice, positive_float, positive_int, same_last_dim
+
+LAYOUTS = ("half", "interleaved")
+
+
+def _default_frequencies(head_dim: int, base: float) -> tuple[torch.Tensor, float]:
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    return (1.0 / base**exponent).to(torch.float32), 1.0
+
+
+# rope_type -> function(head_dim, base, **params) -> (inv_freq, attention_factor)
+ROPE_TYPES: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
+    "default": _default_frequencies,
+}
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "default", **params) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies theta_i = base^(-2i/head_dim), i < head_dim/2, and the attention factor.
+
+    Returns `(inv_freq, attention_factor)` like Hugging Face's RoPE init
+    functions: inv_freq is float32 of length head_dim/2 (computed in float64
+    first), attention_factor multiplies cos and sin (1.0 for plain RoPE).
+    """
+    positive_int("head_dim", head_dim, even=True)
+    positive_float("base", base, minimum=1.0)
+    choice("rope_type", rope_type, tuple(ROPE_TYPES))
+    fn = ROPE_TYPES[rope_type]
+    try:
+        return fn(head_dim, base, **params)
+    except TypeError as exc:  # an unknown keyword for this rope_type
+        raise TypeError(f"rope_type {rope_type!r} does not accept {sorted(params)}: {exc}") from None
+
+
+def rope_angles(positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Angles m * theta_i of shape positions.shape + (len(inv_freq),), formed in `dtype`.
+
+    apply_rope always uses float32. Other dtypes are here to show what goes
+    wrong: in bfloat16 a position such as 1000 is not even representable.
+    """
+    p = as_positions("positions", positions, integer=False)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+    return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension (GPT-NeoX, Hugging Face Llama)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...) on adjacent pairs (RoFormer, GPT-J)."""
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+    """Rotate each pair of dimensions of x by the angle position * theta_i.
+
+    x is `(..., seq_len, head_dim)`; positions is `(seq_len,)` or broadcastable
+    to `x.shape[:-1]` (integers, or real numbers for interpolated positions).
+    `layout="half"` pairs dimension i with i + head_dim/2; `"interleaved"` pairs
+    2i with 2i + 1. Angles are formed in float32 whatever x's dtype; the result
+    has x's dtype. cos and sin are multiplied by `attention_factor`.
+    """
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
+    choice("layout", layout, LAYOUTS)
+    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=True)
+    same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
+    positive_float("attention_factor", attention_factor)
+    p = as_positions("positions", positions, integer=False).to(x.device)
+    try:
+        torch.broadcast_shapes(p.shape, x.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}") from None
+    angles = rope_angles(p, inv_freq, torch.float32)
+    if layout == "half":
+        angles, rotate = torch.cat((angles, angles), dim=-1), rotate_half
+    else:
+        angles, rotate = angles.repeat_interleave(2, dim=-1), rotate_interleaved
+    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
+    xf = x.float()
+    return (xf * cos + rotate(xf) * sin).to(x.dtype)
+
+
+def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
+    """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, 5, ...).
+
+    Permuting the rows of each head's Q and K projections by `perm` turns a
+    model trained with interleaved pairs into one with identical attention
+    under the rotate-half layout (what Hugging Face's Llama conversion script does).
+    """
+    positive_int("head_dim", head_dim, even=True)
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
