@@ -49,12 +49,13 @@ def as_positions(name: str, positions, *, integer: bool) -> torch.Tensor:
     """
     if isinstance(positions, torch.Tensor):
         t = positions
-    elif isinstance(positions, bool):
-        raise TypeError(f"{name} must be integers, got a bool")
-    elif isinstance(positions, (int, float, Sequence)):
-        t = torch.as_tensor(positions)
-    else:
+    elif isinstance(positions, (bool, str, bytes)) or not isinstance(positions, (int, float, Sequence)):
         raise TypeError(f"{name} must be a tensor, a sequence or a number, got {type(positions).__name__}")
+    else:
+        try:
+            t = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be a tensor, a sequence or a number, got {positions!r}") from None
     if t.dtype == torch.bool or t.is_complex():
         raise TypeError(f"{name} must be {'integers' if integer else 'real numbers'}, got dtype {t.dtype}")
     if integer and t.is_floating_point():

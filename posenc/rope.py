@@ -97,6 +97,34 @@ def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str =
     return (xf * cos + rotate(xf) * sin).to(x.dtype)
 
 
+def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T, in float64.
+
+    Block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
+    same blocks on dimensions (i, i + head_dim/2) in the half layout.
+    """
+    choice("layout", layout, LAYOUTS)
+    angles = float(position) * inv_freq.to(torch.float64)
+    half = len(inv_freq)
+    first = torch.arange(half) * 2 if layout == "interleaved" else torch.arange(half)
+    second = first + 1 if layout == "interleaved" else first + half
+    r = torch.zeros(2 * half, 2 * half, dtype=torch.float64)
+    r[first, first], r[first, second] = angles.cos(), -angles.sin()
+    r[second, first], r[second, second] = angles.sin(), angles.cos()
+    return r
+
+
+def apply_rope_complex(x: torch.Tensor, positions, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE in the complex form: adjacent pairs (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^{i m theta_i}.
+
+    This is the interleaved layout, written as Meta's original LLaMA code
+    writes it; it must agree with apply_rope(..., layout="interleaved").
+    """
+    angles = rope_angles(as_positions("positions", positions, integer=False), inv_freq, torch.float64)
+    z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2).to(x.dtype)
+
+
 def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
     """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, 5, ...).
 

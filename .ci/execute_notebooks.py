@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Run chapter notebooks top to bottom in a fresh kernel and store their outputs.
+
+This is the project's own command for producing the outputs that are committed
+and compared by nbval:
+
+    .venv/bin/python .ci/execute_notebooks.py                 # every chapter
+    .venv/bin/python .ci/execute_notebooks.py chapters/rope.ipynb
+
+Before running, each notebook's setup cell (tagged `posenc-setup`) is rewritten
+from `_config.yml`, so the repository URL lives in one place. Cells tagged
+`skip-execution` keep the outputs they have (made on a GPU). No per-cell
+timestamps are recorded, so a re-run changes only what really changed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP_TAG = "posenc-setup"
+
+
+def setup_source(config_path: Path = ROOT / "_config.yml") -> str:
+    """The setup cell every chapter starts with: install posenc where it is missing (Colab)."""
+    repo = yaml.safe_load(config_path.read_text())["repository"]
+    spec = f"git+{repo['url']}@{repo.get('branch', 'main')}"
+    return (
+        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository.\n"
+        "import importlib.util, subprocess, sys\n"
+        "\n"
+        'if importlib.util.find_spec("posenc") is None:\n'
+        f'    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{spec}"], check=True)'
+    )
+
+
+def sync_setup_cell(nb, source: str) -> None:
+    cells = [c for c in nb.cells if SETUP_TAG in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1 or nb.cells.index(cells[0]) != 1:
+        raise SystemExit(f"the second cell of every chapter must be the one code cell tagged {SETUP_TAG!r}")
+    cells[0].source = source
+
+
+def execute(path: Path, source: str) -> None:
+    nb = nbformat.read(path, as_version=4)
+    sync_setup_cell(nb, source)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "skip-execution" not in cell.metadata.get("tags", []):
+            cell.outputs, cell.execution_count = [], None
+        cell.metadata.pop("execution", None)
+    client = NotebookClient(
+        nb,
+        timeout=900,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,
+    )
+    client.execute()
+    nbformat.write(nb, path)
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.ipynb"))
+    source = setup_source()
+    for path in paths:
+        print(f"executing {path}", flush=True)
+        execute(path, source)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

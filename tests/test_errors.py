@@ -1,0 +1,59 @@
+"""Bad input gets a ValueError or TypeError that names the argument and what is accepted."""
+
+import pytest
+import torch
+
+import posenc
+
+INV_FREQ = posenc.rope_frequencies(8)[0]
+X = torch.randn(1, 2, 4, 8)
+
+CASES = [
+    # (call, exception, words the message must contain)
+    (lambda: posenc.rope_frequencies(7), ValueError, "head_dim must be even"),
+    (lambda: posenc.rope_frequencies(0), ValueError, "head_dim must be a positive integer"),
+    (lambda: posenc.rope_frequencies(8.0), TypeError, "head_dim must be a positive integer"),
+    (lambda: posenc.rope_frequencies(8, base=0.5), ValueError, "base must be a finite number"),
+    (lambda: posenc.rope_frequencies(8, rope_type="nope"), ValueError, "rope_type must be one of 'default'"),
+    (lambda: posenc.rope_frequencies(8, factor=2.0), TypeError, "rope_type 'default' does not accept ['factor']"),
+    (lambda: posenc.apply_rope(torch.randn(4, 7), torch.arange(4), INV_FREQ), ValueError, "head_dim (x.shape[-1]) must be even"),
+    (lambda: posenc.apply_rope(torch.randn(4, 6), torch.arange(4), INV_FREQ), ValueError, "x has last dimension 6, but inv_freq of length 4 needs 8"),
+    (lambda: posenc.apply_rope(X, torch.arange(4), INV_FREQ, layout="neox"), ValueError, "layout must be one of 'half', 'interleaved'"),
+    (lambda: posenc.apply_rope(X, torch.arange(5), INV_FREQ), ValueError, "positions of shape (5,) do not broadcast"),
+    (lambda: posenc.apply_rope(X, torch.tensor([True, False, True, True]), INV_FREQ), TypeError, "positions must be real numbers"),
+    (lambda: posenc.apply_rope(X, torch.tensor([0.0, 1.0, float("nan"), 3.0]), INV_FREQ), ValueError, "positions must be finite"),
+    (lambda: posenc.apply_rope(X, torch.arange(4), INV_FREQ, attention_factor=0.0), ValueError, "attention_factor must be a finite number > 0"),
+    (lambda: posenc.apply_rope(torch.randn(8), torch.arange(1), INV_FREQ), ValueError, "x must be a tensor of shape (..., seq_len, head_dim)"),
+    (lambda: posenc.interleaved_to_half_permutation(5), ValueError, "head_dim must be even"),
+    (lambda: posenc.sinusoidal_encoding(torch.arange(3), 0), ValueError, "dim must be a positive integer"),
+    (lambda: posenc.sinusoidal_encoding(torch.arange(3), -4), ValueError, "dim must be a positive integer"),
+    (lambda: posenc.sinusoidal_encoding("abc", 4), TypeError, "positions must be"),
+    (lambda: posenc.shift_rotation(1, 5), ValueError, "dim must be even"),
+    (lambda: posenc.alibi_slopes(0), ValueError, "num_heads must be a positive integer"),
+    (lambda: posenc.alibi_slopes(2.5), TypeError, "num_heads must be a positive integer"),
+    (lambda: posenc.alibi_bias(posenc.alibi_slopes(2), torch.tensor([0.5]), torch.arange(2)), TypeError, "q_positions must be integers"),
+    (lambda: posenc.alibi_bias(posenc.alibi_slopes(2)[None], torch.arange(2), torch.arange(2)), ValueError, "slopes must have shape (num_heads,)"),
+    (lambda: posenc.causal_mask(torch.zeros(2, 2, dtype=torch.long), torch.arange(2)), ValueError, "must be one-dimensional"),
+    (lambda: posenc.attention(X, X, X, backend="flash"), ValueError, "backend must be one of 'explicit', 'sdpa', 'flex'"),
+    (lambda: posenc.attention(X[0], X[0], X[0]), ValueError, "q must have shape (batch, heads, seq_len, head_dim)"),
+    (lambda: posenc.attention(X, X[:, :1], X[:, :1]), ValueError, "must agree on batch, heads and head_dim"),
+    (lambda: posenc.attention(X, X, X[..., :3, :]), ValueError, "k and v must agree"),
+    (lambda: posenc.attention(X, X, X, "rope"), TypeError, "scheme must be a posenc Scheme"),
+    (lambda: posenc.attention(X, X, X, backend="sdpa", return_weights=True), ValueError, "return_weights=True needs backend='explicit'"),
+    (lambda: posenc.attention(X, X, X, mask=torch.ones(4, 4)), TypeError, "mask must be a boolean tensor"),
+    (lambda: posenc.attention(X, X, X, mask=torch.ones(3, 3, dtype=torch.bool)), ValueError, "mask of shape (3, 3) does not broadcast"),
+    (lambda: posenc.attention(X, X, X, q_positions=torch.arange(3)), ValueError, "q_positions must have shape (4,)"),
+    (lambda: posenc.attention(X, X, X, q_positions=torch.arange(4.0)), TypeError, "q_positions must be integers"),
+    (lambda: posenc.attention(X, X[..., :2, :], X[..., :2, :]), ValueError, "q_len (4) must not exceed k_len (2)"),
+    (lambda: posenc.make_scheme("t9"), ValueError, "name must be one of"),
+    (lambda: posenc.Rope(8, layout="neox"), ValueError, "layout must be one of"),
+    (lambda: posenc.Sinusoidal(0), ValueError, "dim must be a positive integer"),
+    (lambda: posenc.ALiBi(-1), ValueError, "num_heads must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("call, exc, words", CASES, ids=[c[2] for c in CASES])
+def test_bad_input_is_named(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    assert words in str(info.value)

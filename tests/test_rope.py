@@ -1,0 +1,139 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc
+
+DIMS = [2, 8, 64, 128]
+
+
+@pytest.mark.parametrize("head_dim", DIMS)
+@pytest.mark.parametrize("base", [10000.0, 500000.0, 1e6])
+def test_inv_freq_is_base_to_minus_2i_over_d(head_dim, base):
+    inv_freq, factor = posenc.rope_frequencies(head_dim, base)
+    expected = torch.tensor([base ** (-2 * i / head_dim) for i in range(head_dim // 2)], dtype=torch.float64)
+    assert inv_freq.dtype == torch.float32 and inv_freq.shape == (head_dim // 2,)
+    assert torch.allclose(inv_freq.double(), expected, rtol=1e-7, atol=0)
+    assert factor == 1.0
+
+
+@pytest.mark.parametrize("layout", posenc.LAYOUTS)
+def test_position_zero_is_the_identity(layout):
+    x = torch.randn(2, 3, 4, 16)
+    inv_freq, _ = posenc.rope_frequencies(16)
+    assert torch.equal(posenc.apply_rope(x, torch.zeros(4, dtype=torch.long), inv_freq, layout), x)
+
+
+@pytest.mark.parametrize("layout", posenc.LAYOUTS)
+def test_matrix_form_agrees(layout):
+    torch.manual_seed(0)
+    x = torch.randn(5, 32)
+    inv_freq, _ = posenc.rope_frequencies(32)
+    positions = torch.tensor([0, 1, 7, 300, 4095])
+    rotated = posenc.apply_rope(x, positions, inv_freq, layout)
+    by_matrix = torch.stack([posenc.rope_rotation_matrix(p, inv_freq, layout) @ x[i].double() for i, p in enumerate(positions.tolist())])
+    # float32 angles at position 4095 are off by up to ~4095 * 2^-24 rad
+    assert torch.allclose(rotated.double(), by_matrix, atol=1e-3)
+
+
+def test_complex_form_agrees_with_interleaved():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9, 64)
+    inv_freq, _ = posenc.rope_frequencies(64)
+    positions = torch.arange(100, 109)
+    assert torch.allclose(posenc.apply_rope_complex(x, positions, inv_freq), posenc.apply_rope(x, positions, inv_freq, "interleaved"), atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 20000), n=st.integers(0, 20000), shift=st.integers(0, 20000), layout=st.sampled_from(posenc.LAYOUTS), seed=st.integers(0, 1000))
+def test_scores_depend_only_on_m_minus_n(m, n, shift, layout, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 1, 64, generator=gen, dtype=torch.float64)
+    inv_freq, _ = posenc.rope_frequencies(64)
+    inv_freq = inv_freq.double()
+
+    def score(a, b):
+        return (posenc.apply_rope(q, [a], inv_freq, layout) @ posenc.apply_rope(k, [b], inv_freq, layout).T).item()
+
+    # angles are formed in float32, so large positions carry ~1e-3 rad of rounding: compare at that scale
+    assert math.isclose(score(m, n), score(m + shift, n + shift), abs_tol=2e-2 * 64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(0, 100000), layout=st.sampled_from(posenc.LAYOUTS), seed=st.integers(0, 1000))
+def test_norms_are_preserved(p, layout, seed):
+    x = torch.randn(3, 1, 64, generator=torch.Generator().manual_seed(seed))
+    inv_freq, _ = posenc.rope_frequencies(64)
+    y = posenc.apply_rope(x, [p], inv_freq, layout)
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(-3000, 3000), n=st.integers(-3000, 3000))
+def test_rotations_compose(m, n):
+    inv_freq, _ = posenc.rope_frequencies(16)
+    for layout in posenc.LAYOUTS:
+        r = posenc.rope_rotation_matrix
+        assert torch.allclose(r(m, inv_freq, layout).T @ r(n, inv_freq, layout), r(n - m, inv_freq, layout), atol=1e-9)
+
+
+def test_the_row_permutation_maps_interleaved_to_half():
+    torch.manual_seed(0)
+    head_dim, seq = 32, 11
+    perm = posenc.interleaved_to_half_permutation(head_dim)
+    inv_freq, _ = posenc.rope_frequencies(head_dim)
+    x = torch.randn(2, 3, seq, head_dim)
+    positions = torch.arange(seq)
+    assert torch.equal(posenc.apply_rope(x[..., perm], positions, inv_freq, "half"), posenc.apply_rope(x, positions, inv_freq, "interleaved")[..., perm])
+    # and therefore the logits agree when W_q and W_k rows are permuted; without it they do not
+    wq, wk, h = torch.randn(head_dim, 48), torch.randn(head_dim, 48), torch.randn(seq, 48)
+    q_i, k_i = posenc.apply_rope(h @ wq.T, positions, inv_freq, "interleaved"), posenc.apply_rope(h @ wk.T, positions, inv_freq, "interleaved")
+    q_h, k_h = posenc.apply_rope(h @ wq[perm].T, positions, inv_freq, "half"), posenc.apply_rope(h @ wk[perm].T, positions, inv_freq, "half")
+    q_wrong, k_wrong = posenc.apply_rope(h @ wq.T, positions, inv_freq, "half"), posenc.apply_rope(h @ wk.T, positions, inv_freq, "half")
+    assert torch.allclose(q_i @ k_i.T, q_h @ k_h.T, atol=1e-3)
+    assert not torch.allclose(q_i @ k_i.T, q_wrong @ k_wrong.T, atol=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
+    inv_freq, _ = posenc.rope_frequencies(64)
+    x = torch.randn(1, 1, 4, 64).to(dtype)
+    positions = torch.tensor([0, 1000, 20001, 65535])
+    y = posenc.apply_rope(x, positions, inv_freq)
+    assert y.dtype == dtype
+    reference = posenc.apply_rope(x.float(), positions, inv_freq)
+    assert torch.allclose(y.float(), reference.to(dtype).float())
+
+
+def test_bf16_angles_drift_and_fp32_angles_do_not():
+    inv_freq, _ = posenc.rope_frequencies(128)
+    positions = torch.arange(30000, 30100)
+    exact = posenc.rope_angles(positions, inv_freq, torch.float64)
+    err32 = (posenc.rope_angles(positions, inv_freq, torch.float32).double() - exact).abs().max()
+    err16 = (posenc.rope_angles(positions, inv_freq, torch.bfloat16).double() - exact).abs().max()
+    assert err32 < 1e-2
+    assert err16 > 10.0  # bf16 keeps 8 significant bits: position 30001 rounds by up to 64
+
+
+def test_attention_factor_scales_cos_and_sin():
+    inv_freq, _ = posenc.rope_frequencies(8)
+    x = torch.randn(3, 8)
+    assert torch.allclose(posenc.apply_rope(x, torch.arange(3), inv_freq, attention_factor=2.0), 2 * posenc.apply_rope(x, torch.arange(3), inv_freq))
+
+
+def test_positions_broadcast_per_batch():
+    inv_freq, _ = posenc.rope_frequencies(8)
+    x = torch.randn(2, 4, 8)
+    positions = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13]])
+    y = posenc.apply_rope(x, positions, inv_freq)
+    assert torch.allclose(y[1], posenc.apply_rope(x[1], torch.arange(10, 14), inv_freq))
+
+
+def test_scheme_uses_its_layout_and_factor():
+    s = posenc.Rope(16, layout="interleaved")
+    x = torch.randn(1, 2, 5, 16)
+    assert s.hook == "qk"
+    assert torch.equal(s.transform_qk(x, torch.arange(5)), posenc.apply_rope(x, torch.arange(5), s.inv_freq, "interleaved"))
