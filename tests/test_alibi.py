@@ -19,6 +19,13 @@ def test_power_of_two_heads_form_a_geometric_sequence(n):
     assert torch.allclose(slopes, expected, rtol=1e-7)
 
 
+@pytest.mark.parametrize("n", [3, 12, 100, 256])
+def test_slopes_are_the_float64_formula_rounded_once(n):
+    p = 2 ** math.floor(math.log2(n))
+    exact = [2 ** (-8 * (i + 1) / p) for i in range(p)] + [2 ** (-8 * (i + 1) / (2 * p)) for i in range(0, 2 * (n - p), 2)]
+    assert torch.equal(posenc.alibi_slopes(n), torch.tensor(exact, dtype=torch.float64).float())
+
+
 def test_twelve_heads_interleave_the_extra_slopes():
     # the 8 slopes of h=8, then every other slope of h=16 (2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5)
     expected = [2.0**-i for i in range(1, 9)] + [2 ** -(0.5 + i) for i in range(4)]

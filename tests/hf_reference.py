@@ -1,0 +1,91 @@
+"""Values from Hugging Face transformers, the implementations practitioners run.
+
+Used live by test_reference.py when transformers is installed (it is pinned in
+requirements.txt), and frozen into data/hf_reference.json by
+`python tests/hf_reference.py`, so the cross-checks also run without it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+FROZEN = Path(__file__).parent / "data" / "hf_reference.json"
+
+SINUSOIDAL_CASES = [(64, 16), (50, 7), (32, 128)]  # (n_pos, dim)
+ROPE_CASES = [(16, 10000.0), (64, 10000.0), (96, 10000.0), (128, 500000.0), (128, 1000000.0)]  # (head_dim, base)
+ROTATION_POSITIONS = [0, 1, 2, 100, 4097]
+ALIBI_HEADS = list(range(1, 65)) + [80, 96, 100, 112, 128, 200, 256]
+
+
+def rotation_input() -> torch.Tensor:
+    """A fixed (1, 2, 5, 8) input, written out so it does not depend on a random generator."""
+    values = [math.sin(1.7 * i + 0.3) * (1 + (i % 5)) for i in range(2 * 5 * 8)]
+    return torch.tensor(values, dtype=torch.float32).reshape(1, 2, 5, 8)
+
+
+def sinusoidal(n_pos: int, dim: int) -> torch.Tensor:
+    from transformers.models.distilbert.modeling_distilbert import _create_sinusoidal_embeddings
+
+    return _create_sinusoidal_embeddings(n_pos, dim, torch.empty(n_pos, dim))
+
+
+def rope_inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": base})
+    return LlamaRotaryEmbedding.compute_default_rope_parameters(config)[0]
+
+
+def rope_half(x: torch.Tensor, positions: list[int], base: float = 10000.0) -> torch.Tensor:
+    """Hugging Face Llama: rotate-half layout."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    inv_freq = rope_inv_freq(x.shape[-1], base)
+    freqs = torch.tensor(positions, dtype=torch.float32)[None, :, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return apply_rotary_pos_emb(x, x, emb.cos(), emb.sin())[0]
+
+
+def rope_interleaved(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Hugging Face GPT-J: interleaved layout (base 10000)."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb, create_sinusoidal_positions
+
+    table = create_sinusoidal_positions(max(positions) + 1, x.shape[-1])[positions]
+    sin, cos = torch.split(table, x.shape[-1] // 2, dim=-1)
+    # GPT-J's tensors are (batch, seq, heads, head_dim)
+    return apply_rotary_pos_emb(x.transpose(1, 2), sin[None], cos[None]).transpose(1, 2)
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+    return _get_alibi_slopes(num_heads, torch.device("cpu"))
+
+
+def compute() -> dict:
+    import transformers
+
+    x = rotation_input()
+    return {
+        "transformers": transformers.__version__,
+        "sinusoidal": {f"{n}x{d}": sinusoidal(n, d).tolist() for n, d in SINUSOIDAL_CASES},
+        "rope_inv_freq": {f"{d}@{b:g}": rope_inv_freq(d, b).tolist() for d, b in ROPE_CASES},
+        "rope_half": rope_half(x, ROTATION_POSITIONS).tolist(),
+        "rope_interleaved": rope_interleaved(x, ROTATION_POSITIONS).tolist(),
+        "alibi_slopes": {str(h): alibi_slopes(h).tolist() for h in ALIBI_HEADS},
+    }
+
+
+def frozen() -> dict:
+    return json.loads(FROZEN.read_text())
+
+
+if __name__ == "__main__":
+    FROZEN.parent.mkdir(exist_ok=True)
+    FROZEN.write_text(json.dumps(compute(), separators=(",", ":")) + "\n")
+    print(f"wrote {FROZEN}")

@@ -1,0 +1,67 @@
+"""Cross-checks against Hugging Face transformers (pinned), live and from frozen values."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import hf_reference as ref
+import posenc
+
+HAVE_HF = importlib.util.find_spec("transformers") is not None
+SOURCES = ["frozen", pytest.param("live", marks=pytest.mark.skipif(not HAVE_HF, reason="transformers not installed (pip install -r requirements.txt)"))]
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def hf(request):
+    return ref.frozen() if request.param == "frozen" else ref.compute()
+
+
+def tensor(values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("n_pos, dim", ref.SINUSOIDAL_CASES)
+def test_sinusoidal_table_equals_distilbert(hf, n_pos, dim):
+    ours = posenc.sinusoidal_encoding(torch.arange(n_pos), dim)
+    torch.testing.assert_close(ours, tensor(hf["sinusoidal"][f"{n_pos}x{dim}"]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("head_dim, base", ref.ROPE_CASES)
+def test_rope_inv_freq_equals_llama(hf, head_dim, base):
+    inv_freq, factor = posenc.rope_frequencies(head_dim, base)
+    # HF raises base to a float32 exponent; posenc rounds the float64 value: a few float32 ulps apart
+    torch.testing.assert_close(inv_freq, tensor(hf["rope_inv_freq"][f"{head_dim}@{base:g}"]), atol=0, rtol=1e-6)
+    assert factor == 1.0
+
+
+def test_rope_half_equals_llama_apply_rotary_pos_emb(hf):
+    x = ref.rotation_input()
+    ours = posenc.apply_rope(x, torch.tensor(ref.ROTATION_POSITIONS), posenc.rope_frequencies(8)[0], "half")
+    torch.testing.assert_close(ours, tensor(hf["rope_half"]), atol=2e-6, rtol=1e-6)
+
+
+def test_rope_interleaved_equals_gptj(hf):
+    x = ref.rotation_input()
+    ours = posenc.apply_rope(x, torch.tensor(ref.ROTATION_POSITIONS), posenc.rope_frequencies(8)[0], "interleaved")
+    torch.testing.assert_close(ours, tensor(hf["rope_interleaved"]), atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_heads", ref.ALIBI_HEADS)
+def test_alibi_slopes_equal_bloom(hf, num_heads):
+    # BLOOM takes float32 powers of a float32 base (error grows with the power, ~2e-6 at 256 heads);
+    # posenc rounds the float64 value once (test_alibi checks that exactly)
+    torch.testing.assert_close(posenc.alibi_slopes(num_heads), tensor(hf["alibi_slopes"][str(num_heads)]), atol=0, rtol=4e-6)
+
+
+@pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")
+def test_frozen_values_are_those_of_the_pinned_transformers():
+    live, frozen = ref.compute(), ref.frozen()
+    assert frozen["transformers"] == live["transformers"], "re-freeze: python tests/hf_reference.py"
+    assert frozen == live
+
+
+@pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")
+def test_sinusoidal_table_equals_distilbert_at_bert_size():
+    """The 512 x 768 table of a BERT-sized model, compared live (too big to freeze)."""
+    torch.testing.assert_close(posenc.sinusoidal_encoding(torch.arange(512), 768), ref.sinusoidal(512, 768), atol=1e-6, rtol=0)
