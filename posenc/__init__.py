@@ -8,6 +8,7 @@ backends, and `posenc.desiderata` for the measurements every chapter reports.
 from .alibi import alibi_bias, alibi_slopes, relative_distance
 from .attention import BACKENDS, attention, attention_logits
 from .desiderata import (
+    content_vector,
     decay_score,
     desiderata,
     distinctness,
@@ -21,16 +22,25 @@ from .rope import (
     LAYOUTS,
     ROPE_TYPES,
     apply_rope,
+    apply_rope_angles,
     apply_rope_complex,
     interleaved_to_half_permutation,
     rope_angles,
+    rope_decay_bound,
     rope_frequencies,
     rope_rotation_matrix,
     rotate_half,
     rotate_interleaved,
 )
 from .schemes import HOOKS, SCHEMES, ALiBi, NoPE, Rope, Scheme, Sinusoidal, make_scheme
-from .sinusoidal import shift_rotation, sinusoidal_encoding, sinusoidal_frequencies, sinusoidal_wavelengths
+from .sinusoidal import (
+    input_logit_terms,
+    shift_rotation,
+    sinusoidal_angles,
+    sinusoidal_encoding,
+    sinusoidal_frequencies,
+    sinusoidal_wavelengths,
+)
 from .device import default_device
 
 __version__ = "0.1.0"
@@ -49,26 +59,31 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
+    "apply_rope_angles",
     "apply_rope_complex",
     "attention",
     "attention_logits",
     "causal_mask",
+    "content_vector",
     "decay_score",
     "default_device",
     "desiderata",
     "distinctness",
     "far_attention",
+    "input_logit_terms",
     "interleaved_to_half_permutation",
     "make_scheme",
     "position_logits",
     "relative_distance",
     "rope_angles",
+    "rope_decay_bound",
     "rope_frequencies",
     "rope_rotation_matrix",
     "rotate_half",
     "rotate_interleaved",
     "shift_rotation",
     "similarity_by_distance",
+    "sinusoidal_angles",
     "sinusoidal_encoding",
     "sinusoidal_frequencies",
     "sinusoidal_wavelengths",

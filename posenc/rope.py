@@ -78,23 +78,14 @@ def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str =
     """
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
-    choice("layout", layout, LAYOUTS)
     positive_int("head_dim (x.shape[-1])", x.shape[-1], even=True)
     same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
-    positive_float("attention_factor", attention_factor)
     p = as_positions("positions", positions, integer=False).to(x.device)
     try:
         torch.broadcast_shapes(p.shape, x.shape[:-1])
     except RuntimeError:
         raise ValueError(f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}") from None
-    angles = rope_angles(p, inv_freq, torch.float32)
-    if layout == "half":
-        angles, rotate = torch.cat((angles, angles), dim=-1), rotate_half
-    else:
-        angles, rotate = angles.repeat_interleave(2, dim=-1), rotate_interleaved
-    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
-    xf = x.float()
-    return (xf * cos + rotate(xf) * sin).to(x.dtype)
+    return apply_rope_angles(x, rope_angles(p, inv_freq, torch.float32), layout, attention_factor)
 
 
 def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half") -> torch.Tensor:
@@ -134,3 +125,45 @@ def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
     """
     positive_int("head_dim", head_dim, even=True)
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
+def apply_rope_angles(x: torch.Tensor, angles: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+    """Rotate each pair of dimensions of x by given angles (..., seq_len, head_dim/2): the second half of apply_rope.
+
+    `apply_rope(x, p, inv_freq, layout)` equals `apply_rope_angles(x, rope_angles(p, inv_freq), layout)`
+    bit for bit. Use it with angles formed elsewhere: a cached table, or angles
+    formed in a low precision to measure what that costs. cos and sin are taken
+    in float32 (float64 when the angles are float64); the result has x's dtype.
+    """
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
+    if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
+        raise TypeError("angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)")
+    choice("layout", layout, LAYOUTS)
+    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=True)
+    same_last_dim("x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}")
+    positive_float("attention_factor", attention_factor)
+    work = torch.promote_types(angles.dtype, torch.float32)
+    angles = angles.to(device=x.device, dtype=work)
+    if layout == "half":
+        angles, rotate = torch.cat((angles, angles), dim=-1), rotate_half
+    else:
+        angles, rotate = angles.repeat_interleave(2, dim=-1), rotate_interleaved
+    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
+    xf = x.to(work)
+    return (xf * cos + rotate(xf) * sin).to(x.dtype)
+
+
+def rope_decay_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoFormer's relative upper bound (1 / (d/2)) * sum_{j=1}^{d/2} |S_j| at each relative distance r, in float64.
+
+    S_j = sum_{k<j} exp(i r theta_k). By Abel summation the RoPE logit of a query
+    and a key r positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|,
+    where h_j is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
+    """
+    r = as_positions("distances", distances, integer=False).to(device=inv_freq.device, dtype=torch.float64)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+    phases = r[..., None] * inv_freq.to(torch.float64)
+    partial_sums = torch.polar(torch.ones_like(phases), phases).cumsum(dim=-1)
+    return partial_sums.abs().mean(dim=-1)

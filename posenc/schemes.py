@@ -33,6 +33,22 @@ class Scheme(nn.Module):
     name = "nope"
     hook = "none"
 
+    def register_float32_buffer(self, name: str, value: torch.Tensor) -> None:
+        """A constant (frequencies, slopes) that stays float32 when the module is cast to bf16 or fp16.
+
+        `model.to(torch.bfloat16)` casts every floating buffer; RoPE frequencies
+        rounded to bf16 rotate by wrong angles at large positions, so these are
+        restored from an exact copy after every cast (the device still follows).
+        """
+        self.register_buffer(name, value.to(torch.float32), persistent=False)
+        self.__dict__.setdefault("_float32_exact", {})[name] = value.detach().to("cpu", torch.float64)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        for name, exact in self.__dict__.get("_float32_exact", {}).items():
+            self._buffers[name] = exact.to(device=self._buffers[name].device, dtype=torch.float32)
+        return self
+
     def embed(self, positions) -> torch.Tensor | None:
         """Input hook: (len(positions), dim) vectors to add to token embeddings, or None."""
         return None
@@ -89,7 +105,7 @@ class Rope(Scheme):
         self.rope_params = dict(rope_params)
         inv_freq, attention_factor = rope_frequencies(head_dim, base, rope_type, **rope_params)
         self.head_dim, self.base, self.attention_factor = head_dim, base, attention_factor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_float32_buffer("inv_freq", inv_freq)
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         return apply_rope(x, positions, self.inv_freq, self.layout, self.attention_factor)
@@ -107,7 +123,7 @@ class ALiBi(Scheme):
     def __init__(self, num_heads: int):
         super().__init__()
         self.num_heads = positive_int("num_heads", num_heads)
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self.register_float32_buffer("slopes", alibi_slopes(num_heads))
 
     def score_bias(self, q_positions, k_positions) -> torch.Tensor:
         return alibi_bias(self.slopes, q_positions, k_positions)

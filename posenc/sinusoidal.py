@@ -27,10 +27,8 @@ def sinusoidal_encoding(positions, dim: int, base: float = 10000.0, dtype: torch
     1e-7 even at position 10^5, then cast to `dtype`. Returns a tensor of shape
     `positions.shape + (dim,)`. Positions may be integers or real numbers.
     """
-    p = as_positions("positions", positions, integer=False).to(torch.float64)
-    freq = sinusoidal_frequencies(dim, base).to(p.device)
-    angles = p[..., None] * freq
-    columns = torch.arange(dim, device=p.device)
+    angles = sinusoidal_angles(positions, dim, base, torch.float64)
+    columns = torch.arange(dim, device=angles.device)
     table = torch.where(columns % 2 == 0, torch.sin(angles), torch.cos(angles))
     return table.to(dtype)
 
@@ -55,3 +53,47 @@ def shift_rotation(k: float, dim: int, base: float = 10000.0) -> torch.Tensor:
     m[i, i], m[i, i + 1] = c, s
     m[i + 1, i], m[i + 1, i + 1] = -s, c
     return m
+
+
+def sinusoidal_angles(positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Angles p * omega_c of every column c, of shape positions.shape + (dim,), formed in `dtype`.
+
+    sinusoidal_encoding forms these angles in float64 (the default here). Other
+    dtypes are here to show what goes wrong: in float32 an angle near 10^5 is
+    rounded to a multiple of 2^-7, so its sine and cosine can be off by
+    several times 10^-3.
+    """
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"dtype must be a floating-point torch dtype, got {dtype}")
+    p = as_positions("positions", positions, integer=False)
+    freq = sinusoidal_frequencies(dim, base)
+    return p.to(dtype)[..., None] * freq.to(device=p.device, dtype=dtype)
+
+
+def input_logit_terms(content: torch.Tensor, code: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, scale: float | None = None) -> dict[str, torch.Tensor]:
+    """The four terms of the attention logit when a positional code is added to the input.
+
+    With x_i = e_i + p_i (content e and code p, both (seq_len, dim)) and
+    projections w_q, w_k of shape (dim, head_dim), the logit
+    scale * (x_i w_q) . (x_j w_k) is the sum of four (seq_len, seq_len) terms,
+    returned in float64 under the keys "content-content" (e_i, e_j),
+    "content-position" (e_i, p_j), "position-content" (p_i, e_j) and
+    "position-position" (p_i, p_j). scale defaults to 1 / sqrt(head_dim).
+    """
+    for name, t in (("content", content), ("code", code), ("w_q", w_q), ("w_k", w_k)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D tensor, got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if content.shape != code.shape:
+        raise ValueError(f"content {tuple(content.shape)} and code {tuple(code.shape)} must have the same shape (seq_len, dim)")
+    if w_q.shape != w_k.shape or w_q.shape[0] != content.shape[1]:
+        raise ValueError(f"w_q {tuple(w_q.shape)} and w_k {tuple(w_k.shape)} must both be (dim, head_dim) with dim = {content.shape[1]}")
+    scale = 1.0 / w_q.shape[1] ** 0.5 if scale is None else positive_float("scale", scale)
+    dev = content.device
+    a = (w_q.double().to(dev) @ w_k.double().to(dev).T) * scale
+    e, p = content.double(), code.double().to(dev)
+    return {
+        "content-content": e @ a @ e.T,
+        "content-position": e @ a @ p.T,
+        "position-content": p @ a @ e.T,
+        "position-position": p @ a @ p.T,
+    }

@@ -116,3 +116,16 @@ def test_sdpa_keeps_the_dtype():
     out = posenc.attention(q, k, v, posenc.ALiBi(4), backend="sdpa")
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), posenc.attention(q, k, v, posenc.ALiBi(4)).float(), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_casting_a_scheme_keeps_its_constants_in_float32(dtype):
+    """model.to(bf16) must not round RoPE frequencies or ALiBi slopes (angles at large positions would drift)."""
+    rope, alibi = posenc.Rope(128), posenc.ALiBi(12)
+    exact_freq, exact_slopes = rope.inv_freq.clone(), alibi.slopes.clone()
+    rope.to(dtype), alibi.to(dtype)
+    assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, exact_freq)
+    assert alibi.slopes.dtype == torch.float32 and torch.equal(alibi.slopes, exact_slopes)
+    x = torch.randn(1, 1, 4, 128).to(dtype)
+    positions = torch.arange(16000, 16004)
+    torch.testing.assert_close(rope.transform_qk(x, positions), posenc.apply_rope(x, positions, exact_freq))

@@ -137,3 +137,42 @@ def test_scheme_uses_its_layout_and_factor():
     x = torch.randn(1, 2, 5, 16)
     assert s.hook == "qk"
     assert torch.equal(s.transform_qk(x, torch.arange(5)), posenc.apply_rope(x, torch.arange(5), s.inv_freq, "interleaved"))
+
+
+@pytest.mark.parametrize("layout", posenc.LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_apply_rope_is_apply_rope_angles_of_rope_angles(layout, dtype):
+    x = torch.randn(2, 3, 6, 16).to(dtype)
+    inv_freq, _ = posenc.rope_frequencies(16)
+    positions = torch.tensor([0, 3, 99, 1000, 4096, 50000])
+    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), posenc.apply_rope_angles(x, posenc.rope_angles(positions, inv_freq), layout))
+
+
+def test_apply_rope_angles_in_float64_is_more_exact():
+    inv_freq, _ = posenc.rope_frequencies(64)
+    x = torch.randn(1, 1, 64, dtype=torch.float64)
+    exact = posenc.apply_rope_complex(x[..., :], [70000], inv_freq)
+    by64 = posenc.apply_rope_angles(x, posenc.rope_angles([70000], inv_freq, torch.float64), "interleaved")
+    by32 = posenc.apply_rope_angles(x, posenc.rope_angles([70000], inv_freq, torch.float32), "interleaved")
+    assert (by64 - exact).abs().max() < 1e-12 < (by32 - exact).abs().max()
+
+
+def test_decay_bound_starts_at_one_and_falls_on_average():
+    inv_freq, _ = posenc.rope_frequencies(128)
+    bound = posenc.rope_decay_bound(torch.arange(0, 4096), inv_freq)
+    assert bound[0].item() == pytest.approx((128 / 2 + 1) / 2)  # |S_j| = j at distance 0, averaged over j = 1..d/2
+    assert bound[1024:].mean() < bound[:16].mean() / 4
+
+
+def test_decay_bound_bounds_the_logit():
+    """|logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j| (Abel summation), for random q and k."""
+    torch.manual_seed(1)
+    head_dim = 32
+    inv_freq, _ = posenc.rope_frequencies(head_dim)
+    q, k = torch.randn(2, 1, head_dim, dtype=torch.float64)
+    h = torch.view_as_complex(q.unflatten(-1, (-1, 2))) * torch.view_as_complex(k.unflatten(-1, (-1, 2))).conj()
+    h = torch.cat((h[0], torch.zeros(1, dtype=h.dtype)))  # h_{d/2 + 1} = 0
+    step = (h[1:] - h[:-1]).abs().max()
+    for r in [0, 1, 5, 40, 300, 2000]:
+        logit = posenc.apply_rope_complex(q, [r], inv_freq) @ k.T
+        assert abs(logit.item()) <= step * posenc.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9

@@ -67,3 +67,24 @@ def test_scheme_embeds_the_table():
     s = posenc.Sinusoidal(16)
     assert s.hook == "input"
     assert torch.equal(s.embed(torch.arange(5)), posenc.sinusoidal_encoding(torch.arange(5), 16))
+
+
+def test_float32_angles_at_large_positions_are_off_and_float64_angles_are_not():
+    positions = torch.tensor([100000])
+    exact = torch.tensor([[formula(100000.0, c, 64) for c in range(64)]], dtype=torch.float64)
+    angles32 = posenc.sinusoidal_angles(positions, 64, dtype=torch.float32).double()
+    table32 = torch.where(torch.arange(64) % 2 == 0, angles32.sin(), angles32.cos())
+    assert (table32 - exact).abs().max() > 1e-3
+    assert (posenc.sinusoidal_encoding(positions, 64).double() - exact).abs().max() < 1e-6
+
+
+def test_the_four_logit_terms_add_up_to_the_logit():
+    torch.manual_seed(0)
+    content, code = torch.randn(2, 7, 16)
+    w_q, w_k = torch.randn(2, 16, 8)
+    terms = posenc.input_logit_terms(content, code, w_q, w_k)
+    x = (content + code).double()
+    logit = (x @ w_q.double()) @ (x @ w_k.double()).T / math.sqrt(8)
+    assert torch.allclose(sum(terms.values()), logit)
+    with pytest.raises(ValueError, match="must have the same shape"):
+        posenc.input_logit_terms(content, code[:3], w_q, w_k)
