@@ -17,7 +17,16 @@ from .desiderata import (
     similarity_by_distance,
     window_drift,
 )
-from .masks import causal_mask
+from .masks import causal_mask, default_positions
+from .relative import (
+    clipped_relative_index,
+    shaw_key_scores,
+    shaw_relative_index,
+    shaw_value_term,
+    skew,
+    t5_relative_bucket,
+    transformer_xl_logits,
+)
 from .rope import (
     LAYOUTS,
     ROPE_TYPES,
@@ -32,7 +41,20 @@ from .rope import (
     rotate_half,
     rotate_interleaved,
 )
-from .schemes import HOOKS, SCHEMES, ALiBi, NoPE, Rope, Scheme, Sinusoidal, make_scheme
+from .schemes import (
+    HOOKS,
+    SCHEMES,
+    ALiBi,
+    LearnedAbsolute,
+    NoPE,
+    RecurrentAbsolute,
+    Rope,
+    Scheme,
+    ShawRelative,
+    Sinusoidal,
+    T5Bias,
+    make_scheme,
+)
 from .sinusoidal import (
     input_logit_terms,
     shift_rotation,
@@ -50,12 +72,16 @@ __all__ = [
     "BACKENDS",
     "HOOKS",
     "LAYOUTS",
+    "LearnedAbsolute",
     "NoPE",
     "ROPE_TYPES",
+    "RecurrentAbsolute",
     "Rope",
     "SCHEMES",
     "Scheme",
+    "ShawRelative",
     "Sinusoidal",
+    "T5Bias",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -64,9 +90,11 @@ __all__ = [
     "attention",
     "attention_logits",
     "causal_mask",
+    "clipped_relative_index",
     "content_vector",
     "decay_score",
     "default_device",
+    "default_positions",
     "desiderata",
     "distinctness",
     "far_attention",
@@ -81,11 +109,17 @@ __all__ = [
     "rope_rotation_matrix",
     "rotate_half",
     "rotate_interleaved",
+    "shaw_key_scores",
+    "shaw_relative_index",
+    "shaw_value_term",
     "shift_rotation",
     "similarity_by_distance",
     "sinusoidal_angles",
     "sinusoidal_encoding",
     "sinusoidal_frequencies",
     "sinusoidal_wavelengths",
+    "skew",
+    "t5_relative_bucket",
+    "transformer_xl_logits",
     "window_drift",
 ]

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import as_positions, choice
-from .masks import causal_mask
+from .masks import causal_mask, default_positions
 from .schemes import NoPE, Scheme
 
 BACKENDS = ("explicit", "sdpa", "flex")
@@ -33,13 +33,6 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"k and v must agree on (batch, heads, seq_len): got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim")
-
-
-def default_positions(q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys at 0..k_len-1 and queries at the last q_len of them (decoding against a cache)."""
-    if q_len > k_len:
-        raise ValueError(f"without explicit positions q_len ({q_len}) must not exceed k_len ({k_len})")
-    return torch.arange(k_len - q_len, k_len), torch.arange(k_len)
 
 
 def _positions(name: str, given, length: int, default: torch.Tensor) -> torch.Tensor:
@@ -69,7 +62,7 @@ def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: floa
     """Scores q.k * scale plus the scheme's bias, after its query/key transform; no mask."""
     q = scheme.transform_qk(q, q_positions)
     k = scheme.transform_qk(k, k_positions)
-    return _scores(q, k, scheme.score_bias(q_positions, k_positions), scale)
+    return _scores(q, k, scheme.score_bias(q_positions, k_positions, q), scale)
 
 
 def _scores(q, k, bias, scale):
@@ -151,6 +144,11 @@ def attention(
         raise TypeError(f"scheme must be a posenc Scheme (see posenc.make_scheme), got {type(scheme).__name__}")
     if return_weights and backend != "explicit":
         raise ValueError(f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights")
+    if scheme.needs_weights and backend != "explicit":
+        raise ValueError(
+            f"scheme {scheme.name!r} adds a value term computed from the attention weights, which only backend='explicit' "
+            f"exposes; {backend!r} cannot run it (for ShawRelative, values=False keeps the key term only)"
+        )
     q_len, k_len, head_dim = q.shape[2], k.shape[2], q.shape[3]
     plain = q_positions is None and k_positions is None and q_len == k_len
     default_q, default_k = default_positions(q_len, k_len) if q_positions is None or k_positions is None else (None, None)
@@ -164,11 +162,14 @@ def attention(
     allowed = _allowed(q_pos, k_pos, causal, mask)
 
     if backend == "explicit":
-        out, weights = _explicit(q, k, v, scheme.score_bias(q_pos, k_pos), allowed, scale)
+        out, weights = _explicit(q, k, v, scheme.score_bias(q_pos, k_pos, q), allowed, scale)
+        extra = scheme.value_term(weights, q_pos, k_pos)
+        if extra is not None:
+            out = (out.float() + extra).to(v.dtype)
         return (out, weights) if return_weights else out
     if backend == "sdpa":
-        return _sdpa(q, k, v, scheme.score_bias(q_pos, k_pos), allowed, scale, plain and causal and mask is None)
-    score_mod = scheme.score_mod(q_pos.to(q.device), k_pos.to(q.device))
-    if score_mod is None and scheme.score_bias(q_pos[:1], k_pos[:1]) is not None:
+        return _sdpa(q, k, v, scheme.score_bias(q_pos, k_pos, q), allowed, scale, plain and causal and mask is None)
+    score_mod = scheme.score_mod(q_pos.to(q.device), k_pos.to(q.device), q)
+    if score_mod is None and scheme.hook == "score":
         raise ValueError(f"scheme {scheme.name!r} has a score bias but no FlexAttention score_mod; use backend 'explicit' or 'sdpa'")
     return _flex(q, k, v, score_mod, allowed, scale)

@@ -4,23 +4,27 @@ Every scheme acts at (at most) one of three places:
 
 * ``"input"``: `embed(positions)` gives a vector added to the token embeddings;
 * ``"qk"``: `transform_qk(x, positions)` changes queries and keys before the dot product;
-* ``"score"``: `score_bias(q_positions, k_positions)` is added to the attention logits,
-  and `score_mod(q_positions, k_positions)` is the same bias as a FlexAttention score_mod.
+* ``"score"``: `score_bias(q_positions, k_positions, q)` is added to the attention logits,
+  and `score_mod(q_positions, k_positions, q)` is the same bias as a FlexAttention score_mod;
+  a score scheme may also add `value_term(weights, q_positions, k_positions)` to the output
+  (Shaw et al.'s relative values), which only the explicit backend can compute.
 
 The defaults do nothing, so a scheme overrides only the hook where it acts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from ._checks import as_positions, choice, positive_float, positive_int
-from .alibi import alibi_bias, alibi_slopes
+from .alibi import alibi_bias, alibi_slopes, relative_distance
 from .rope import LAYOUTS, apply_rope, rope_frequencies
 from .sinusoidal import sinusoidal_encoding
+from .relative import METHODS, clipped_relative_index, shaw_key_scores, shaw_value_term, t5_relative_bucket
 
 HOOKS = ("none", "input", "qk", "score")
 
@@ -57,16 +61,26 @@ class Scheme(nn.Module):
         """Query/key hook: x is (..., seq_len, head_dim); positions (seq_len,)."""
         return x
 
-    def score_bias(self, q_positions, k_positions) -> torch.Tensor | None:
-        """Score hook: (num_heads or 1, len(q), len(k)) bias added to the logits, or None."""
+    def score_bias(self, q_positions, k_positions, q: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Score hook: a bias added to the scaled logits, or None.
+
+        Shape (num_heads or 1, len(q), len(k)), or (batch, heads, len(q), len(k))
+        for a bias that depends on the queries q (batch, heads, q_len, head_dim).
+        """
         return None
 
-    def score_mod(self, q_positions, k_positions) -> ScoreMod | None:
+    def score_mod(self, q_positions, k_positions, q: torch.Tensor | None = None) -> ScoreMod | None:
         """The same bias as a FlexAttention score_mod(score, b, h, q_idx, kv_idx), or None.
 
         q_idx and kv_idx index the query and key tensors; the positions map them
         to token positions (they differ when decoding against a cache).
         """
+        return None
+
+    needs_weights = False  # True where value_term is used: only the explicit backend exposes the weights
+
+    def value_term(self, weights: torch.Tensor, q_positions, k_positions) -> torch.Tensor | None:
+        """Added to the attention output, from the weights (batch, heads, q_len, k_len); or None."""
         return None
 
 
@@ -125,10 +139,10 @@ class ALiBi(Scheme):
         self.num_heads = positive_int("num_heads", num_heads)
         self.register_float32_buffer("slopes", alibi_slopes(num_heads))
 
-    def score_bias(self, q_positions, k_positions) -> torch.Tensor:
+    def score_bias(self, q_positions, k_positions, q=None) -> torch.Tensor:
         return alibi_bias(self.slopes, q_positions, k_positions)
 
-    def score_mod(self, q_positions, k_positions) -> ScoreMod:
+    def score_mod(self, q_positions, k_positions, q=None) -> ScoreMod:
         q_pos = as_positions("q_positions", q_positions, integer=True)
         k_pos = as_positions("k_positions", k_positions, integer=True)
         slopes = self.slopes
@@ -142,7 +156,160 @@ class ALiBi(Scheme):
         return f"num_heads={self.num_heads}"
 
 
-SCHEMES: dict[str, type[Scheme]] = {cls.name: cls for cls in (NoPE, Sinusoidal, Rope, ALiBi)}
+class LearnedAbsolute(Scheme):
+    """A trainable (max_len, dim) table added to the token embeddings, as in BERT and GPT-2.
+
+    It has a row for each position seen in training and nothing beyond: a
+    position >= max_len is an error, not a silent index wrap.
+    """
+
+    name = "learned"
+    hook = "input"
+
+    def __init__(self, max_len: int, dim: int, init_std: float = 0.02):
+        super().__init__()
+        self.max_len, self.dim = positive_int("max_len", max_len), positive_int("dim", dim)
+        self.table = nn.Parameter(torch.randn(max_len, dim) * positive_float("init_std", init_std))
+
+    def embed(self, positions) -> torch.Tensor:
+        p = as_positions("positions", positions, integer=True).to(self.table.device)
+        if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
+            bad = int(p.max()) if int(p.max()) >= self.max_len else int(p.min())
+            raise ValueError(f"position {bad} is outside the learned table: positions must be in [0, max_len={self.max_len}); a learned table has no row past its training length")
+        return self.table[p]
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}, dim={self.dim}"
+
+
+class RecurrentAbsolute(Scheme):
+    """Positions generated by a learned recurrence, p_0 = s, p_{t+1} = p_t + tanh(W p_t + b).
+
+    One Euler step per position of a learned dynamical system, in the spirit of
+    FLOATER (Liu et al., 2020). It is defined at every position, so it can run
+    past the training length, but computing position t takes t sequential steps.
+    """
+
+    name = "recurrent"
+    hook = "input"
+
+    def __init__(self, dim: int, init_std: float = 0.02):
+        super().__init__()
+        self.dim = positive_int("dim", dim)
+        std = positive_float("init_std", init_std)
+        self.start = nn.Parameter(torch.randn(dim) * std)
+        self.step = nn.Linear(dim, dim)
+        nn.init.normal_(self.step.weight, std=std)
+        nn.init.zeros_(self.step.bias)
+
+    def embed(self, positions) -> torch.Tensor:
+        p = as_positions("positions", positions, integer=True).to(self.start.device)
+        if p.numel() and int(p.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got {int(p.min())}")
+        codes = [self.start]
+        for _ in range(int(p.max()) if p.numel() else 0):
+            codes.append(codes[-1] + torch.tanh(self.step(codes[-1])))
+        return torch.stack(codes)[p]
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class ShawRelative(Scheme):
+    """Learned relative keys and values per clipped distance clip(j - i, -k, k) (Shaw et al., 2018).
+
+    logit_ij += q_i . a^K_ij / sqrt(head_dim) and output_i += sum_j weights_ij a^V_ij,
+    with one table of 2k + 1 rows for keys and one for values, shared by the heads.
+    `values=False` keeps only the key term, which every backend can run; the value
+    term needs the weights, so only the explicit backend runs it. `method` picks
+    the naive (q_len, k_len, head_dim) construction or the memory-efficient gather.
+    """
+
+    name = "shaw"
+    hook = "score"
+
+    def __init__(self, head_dim: int, max_distance: int = 16, values: bool = True, method: str = "gather", init_std: float = 0.02):
+        super().__init__()
+        self.head_dim = positive_int("head_dim", head_dim)
+        self.max_distance = positive_int("max_distance", max_distance)
+        self.method = choice("method", method, METHODS)
+        std = positive_float("init_std", init_std)
+        self.key_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std)
+        self.value_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std) if values else None
+        self.needs_weights = values
+
+    def _index(self, q_positions, k_positions, device) -> torch.Tensor:
+        return clipped_relative_index(q_positions, k_positions, self.max_distance).to(device)
+
+    def _queries(self, q) -> torch.Tensor:
+        if q is None:
+            raise ValueError("ShawRelative's bias depends on the queries: pass q (batch, heads, q_len, head_dim)")
+        return q
+
+    def score_bias(self, q_positions, k_positions, q=None) -> torch.Tensor:
+        q = self._queries(q)
+        index = self._index(q_positions, k_positions, q.device)
+        return shaw_key_scores(q.float(), self.key_table.float(), index, self.method) / math.sqrt(self.head_dim)
+
+    def score_mod(self, q_positions, k_positions, q=None) -> ScoreMod:
+        q = self._queries(q)
+        index = self._index(q_positions, k_positions, q.device)
+        per_row = (q @ self.key_table.to(q.dtype).T) / math.sqrt(self.head_dim)  # (batch, heads, q_len, 2k + 1)
+
+        def shaw_keys(score, b, h, q_idx, kv_idx):
+            return score + per_row[b, h, q_idx, index[q_idx, kv_idx]]
+
+        return shaw_keys
+
+    def value_term(self, weights, q_positions, k_positions) -> torch.Tensor | None:
+        if self.value_table is None:
+            return None
+        index = self._index(q_positions, k_positions, weights.device)
+        return shaw_value_term(weights, self.value_table, index, self.method)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, values={self.value_table is not None}, method={self.method!r}"
+
+
+class T5Bias(Scheme):
+    """One learned scalar per (bucket of relative position, head), added to the logits (Raffel et al., 2020).
+
+    T5 computes it once, in the first layer, and every layer reuses it. T5 also
+    drops the 1 / sqrt(head_dim) scaling (pass scale=1.0 to posenc.attention to
+    match a T5 checkpoint).
+    """
+
+    name = "t5"
+    hook = "score"
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True, init_std: float = 0.02):
+        super().__init__()
+        self.num_heads = positive_int("num_heads", num_heads)
+        t5_relative_bucket(torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance)  # checks the arguments
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * positive_float("init_std", init_std))
+
+    def buckets(self, q_positions, k_positions) -> torch.Tensor:
+        return t5_relative_bucket(relative_distance(q_positions, k_positions), self.bidirectional, self.num_buckets, self.max_distance)
+
+    def score_bias(self, q_positions, k_positions, q=None) -> torch.Tensor:
+        return self.table[self.buckets(q_positions, k_positions).to(self.table.device)].permute(2, 0, 1)
+
+    def score_mod(self, q_positions, k_positions, q=None) -> ScoreMod:
+        buckets, table = self.buckets(q_positions, k_positions).to(self.table.device), self.table
+
+        def t5_bias(score, b, h, q_idx, kv_idx):
+            return score + table[buckets[q_idx, kv_idx], h]
+
+        return t5_bias
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+
+
+SCHEMES: dict[str, type[Scheme]] = {
+    cls.name: cls for cls in (NoPE, Sinusoidal, LearnedAbsolute, RecurrentAbsolute, Rope, ALiBi, ShawRelative, T5Bias)
+}
 
 
 def make_scheme(name: str, **kwargs) -> Scheme:

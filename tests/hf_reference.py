@@ -19,6 +19,8 @@ SINUSOIDAL_CASES = [(64, 16), (50, 7), (32, 128)]  # (n_pos, dim)
 ROPE_CASES = [(16, 10000.0), (64, 10000.0), (96, 10000.0), (128, 500000.0), (128, 1000000.0)]  # (head_dim, base)
 ROTATION_POSITIONS = [0, 1, 2, 100, 4097]
 ALIBI_HEADS = list(range(1, 65)) + [80, 96, 100, 112, 128, 200, 256]
+T5_CASES = [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 16, 40), (True, 64, 512)]  # (bidirectional, num_buckets, max_distance)
+T5_RANGE = (-700, 700)
 
 
 def rotation_input() -> torch.Tensor:
@@ -67,6 +69,13 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return _get_alibi_slopes(num_heads, torch.device("cpu"))
 
 
+def t5_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    rel = torch.arange(*T5_RANGE)
+    return T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+
+
 def compute() -> dict:
     import transformers
 
@@ -78,6 +87,7 @@ def compute() -> dict:
         "rope_half": rope_half(x, ROTATION_POSITIONS).tolist(),
         "rope_interleaved": rope_interleaved(x, ROTATION_POSITIONS).tolist(),
         "alibi_slopes": {str(h): alibi_slopes(h).tolist() for h in ALIBI_HEADS},
+        "t5_buckets": {f"{b}/{n}/{m}": t5_buckets(b, n, m).tolist() for b, n, m in T5_CASES},
     }
 
 

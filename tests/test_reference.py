@@ -65,3 +65,10 @@ def test_frozen_values_are_those_of_the_pinned_transformers():
 def test_sinusoidal_table_equals_distilbert_at_bert_size():
     """The 512 x 768 table of a BERT-sized model, compared live (too big to freeze)."""
     torch.testing.assert_close(posenc.sinusoidal_encoding(torch.arange(512), 768), ref.sinusoidal(512, 768), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("bidirectional, num_buckets, max_distance", ref.T5_CASES)
+def test_t5_buckets_equal_t5attention(hf, bidirectional, num_buckets, max_distance):
+    rel = torch.arange(*ref.T5_RANGE)
+    ours = posenc.t5_relative_bucket(rel, bidirectional, num_buckets, max_distance)
+    assert ours.tolist() == hf["t5_buckets"][f"{bidirectional}/{num_buckets}/{max_distance}"]
