@@ -1,3 +1,12 @@
+import os
+
+# nbval starts each chapter's kernel with this process's environment: give it the settings the outputs
+# were stored under (.ci/execute_notebooks.py sets PYTHONHASHSEED=0), and one thread per pytest-xdist
+# worker so that `-n 2` on two cores does not oversubscribe them.
+os.environ.setdefault("PYTHONHASHSEED", "0")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 import torch
 
@@ -9,13 +18,23 @@ SCHEME_ARGS = {
     "sinusoidal": lambda head_dim, heads: {"dim": head_dim},
     "rope": lambda head_dim, heads: {"head_dim": head_dim},
     "alibi": lambda head_dim, heads: {"num_heads": heads},
+    "learned": lambda head_dim, heads: {"max_len": 64, "dim": head_dim},
+    "recurrent": lambda head_dim, heads: {"dim": head_dim},
+    "shaw": lambda head_dim, heads: {"head_dim": head_dim, "max_distance": 3, "values": False, "init_std": 0.5},
+    "t5": lambda head_dim, heads: {"num_heads": heads, "num_buckets": 8, "max_distance": 12, "init_std": 0.5},
 }
-EXTRA_VARIANTS = [("rope", {"layout": "interleaved"}), ("rope", {"base": 500000.0})]
+EXTRA_VARIANTS = [
+    ("rope", {"layout": "interleaved"}),
+    ("rope", {"base": 500000.0}),
+    ("shaw", {"values": True}),
+    ("shaw", {"values": True, "method": "naive"}),
+    ("t5", {"bidirectional": False}),
+]
 
 
 def every_scheme(head_dim: int = 16, heads: int = 4) -> list[posenc.Scheme]:
     schemes = [posenc.make_scheme(name, **SCHEME_ARGS[name](head_dim, heads)) for name in posenc.SCHEMES]
-    schemes += [posenc.make_scheme(name, **SCHEME_ARGS[name](head_dim, heads), **extra) for name, extra in EXTRA_VARIANTS]
+    schemes += [posenc.make_scheme(name, **{**SCHEME_ARGS[name](head_dim, heads), **extra}) for name, extra in EXTRA_VARIANTS]
     return schemes
 
 

@@ -1,0 +1,128 @@
+"""The chapters as they are stored: outputs of one fresh top-to-bottom run made by the project's command.
+
+nbval (run on chapters/ by the same pytest command) re-executes every chapter and compares outputs,
+but it silently accepts a cell whose stored execution_count is null, and it cannot tell whether the
+stored outputs came from a fresh kernel. These tests check the stored files themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+NBCHECK = ROOT.parent / "shared" / "tools" / "nbcheck.py"
+SETUP_TAG = "posenc-setup"
+
+
+def _executor():
+    """.ci/execute_notebooks.py as a module: its setup_source() reads the repository URL from _config.yml."""
+    spec = importlib.util.spec_from_file_location("execute_notebooks", ROOT / ".ci" / "execute_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _tags(cell) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def _fresh_run_cells(nb) -> list:
+    """Code cells a fresh run executes: non-empty and not tagged skip-execution (outputs made elsewhere, on a GPU)."""
+    return [c for c in nb.cells if c.cell_type == "code" and c.source.strip() and "skip-execution" not in _tags(c)]
+
+
+@pytest.fixture(params=CHAPTERS, ids=[p.stem for p in CHAPTERS], scope="module")
+def notebook(request):
+    return request.param, nbformat.read(request.param, as_version=4)
+
+
+def test_there_are_chapters():
+    assert CHAPTERS, "no chapters/*.ipynb found"
+
+
+def test_valid_nbformat(notebook):
+    path, nb = notebook
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+
+
+def test_executed_top_to_bottom_in_a_fresh_kernel(notebook):
+    path, nb = notebook
+    cells = _fresh_run_cells(nb)
+    counts = [c.execution_count for c in cells]
+    assert None not in counts, (
+        f"{path.name}: {counts.count(None)} code cells have no stored execution count (never run, and nbval "
+        f"would not compare them); store outputs with `.venv/bin/python .ci/execute_notebooks.py chapters/{path.name}`"
+    )
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"{path.name}: execution counts {counts} are not 1..{len(cells)}: outputs were not made by one fresh "
+        f"top-to-bottom run; re-run `.venv/bin/python .ci/execute_notebooks.py chapters/{path.name}`"
+    )
+
+
+def test_gpu_made_cells_are_skipped_by_nbval(notebook):
+    """A cell tagged skip-execution keeps outputs made elsewhere; nbval must not re-run it on the CPU."""
+    path, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "skip-execution" in _tags(cell):
+            assert "nbval-skip" in _tags(cell), f"{path.name}: cell {index} is tagged skip-execution but not nbval-skip"
+            assert cell.outputs, f"{path.name}: cell {index} is tagged skip-execution but stores no outputs"
+
+
+def test_no_stored_errors(notebook):
+    path, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "raises-exception" in _tags(cell):
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"{path.name}: cell {index} stores an error: {errors[0].ename}: {errors[0].evalue}"
+
+
+def test_language_info_metadata(notebook):
+    """Without language_info the book build warns 'No source code lexer found' (an error under -W)."""
+    path, nb = notebook
+    info = nb.metadata.get("language_info", {})
+    assert info.get("name") == "python", f"{path.name}: metadata.language_info is missing or not python: {info}"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec is not python3"
+
+
+def test_first_cell_is_the_title(notebook):
+    path, nb = notebook
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.lstrip().startswith("# "), f"{path.name}: first cell is not '# Title'"
+
+
+def test_second_cell_is_the_setup_cell_from_config(notebook):
+    """The setup cell is rewritten from _config.yml by the executor: the repository URL has one source."""
+    path, nb = notebook
+    tagged = [i for i, c in enumerate(nb.cells) if SETUP_TAG in _tags(c)]
+    assert tagged == [1], f"{path.name}: cells tagged {SETUP_TAG!r} are {tagged}; it must be exactly the second cell"
+    cell = nb.cells[1]
+    assert cell.cell_type == "code", f"{path.name}: the {SETUP_TAG} cell must be a code cell"
+    expected = _executor().setup_source()
+    assert cell.source == expected, (
+        f"{path.name}: the setup cell differs from setup_source() (_config.yml changed since the outputs were "
+        f"stored?); re-run `.venv/bin/python .ci/execute_notebooks.py chapters/{path.name}`"
+    )
+
+
+def test_no_execution_timestamps(notebook):
+    path, nb = notebook
+    stamped = [i for i, c in enumerate(nb.cells) if "execution" in c.get("metadata", {})]
+    assert not stamped, f"{path.name}: cells {stamped} carry execution timestamps in their metadata"
+
+
+def test_nbcheck_reports_no_errors():
+    if not NBCHECK.is_file():
+        pytest.skip(f"{NBCHECK} is absent: the shared checker lives in ../shared/tools beside the repository")
+    if not CHAPTERS:
+        pytest.skip("no chapters yet")
+    proc = subprocess.run([sys.executable, str(NBCHECK), "chapters"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"nbcheck.py chapters reports errors:\n{proc.stdout}\n{proc.stderr}"
