@@ -18,6 +18,7 @@ from .desiderata import (
     window_drift,
 )
 from .masks import causal_mask, default_positions
+from .model import Block, TinyTransformer, build_scheme, train
 from .relative import (
     clipped_relative_index,
     shaw_key_scores,
@@ -70,6 +71,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ALiBi",
     "BACKENDS",
+    "Block",
     "HOOKS",
     "LAYOUTS",
     "LearnedAbsolute",
@@ -82,6 +84,7 @@ __all__ = [
     "ShawRelative",
     "Sinusoidal",
     "T5Bias",
+    "TinyTransformer",
     "alibi_bias",
     "alibi_slopes",
     "apply_rope",
@@ -89,6 +92,7 @@ __all__ = [
     "apply_rope_complex",
     "attention",
     "attention_logits",
+    "build_scheme",
     "causal_mask",
     "clipped_relative_index",
     "content_vector",
@@ -120,6 +124,7 @@ __all__ = [
     "sinusoidal_wavelengths",
     "skew",
     "t5_relative_bucket",
+    "train",
     "transformer_xl_logits",
     "window_drift",
 ]

@@ -196,10 +196,9 @@ class RecurrentAbsolute(Scheme):
     def __init__(self, dim: int, init_std: float = 0.02):
         super().__init__()
         self.dim = positive_int("dim", dim)
-        std = positive_float("init_std", init_std)
-        self.start = nn.Parameter(torch.randn(dim) * std)
+        self.start = nn.Parameter(torch.randn(dim) * positive_float("init_std", init_std))
         self.step = nn.Linear(dim, dim)
-        nn.init.normal_(self.step.weight, std=std)
+        nn.init.normal_(self.step.weight, std=0.5 / math.sqrt(dim))  # a gentle, unsaturated step to start from
         nn.init.zeros_(self.step.bias)
 
     def embed(self, positions) -> torch.Tensor:
