@@ -17,7 +17,8 @@ from .desiderata import (
     similarity_by_distance,
     window_drift,
 )
-from .masks import causal_mask, default_positions
+from .cache import KVCache
+from .masks import causal_mask, default_positions, sliding_window_mask, window_mask
 from .model import Block, TinyTransformer, build_scheme, train
 from .relative import (
     clipped_relative_index,
@@ -28,6 +29,7 @@ from .relative import (
     t5_relative_bucket,
     transformer_xl_logits,
 )
+from .rope_scaling import ntk_base, yarn_correction_dim, yarn_mscale, yarn_ramp
 from .rope import (
     LAYOUTS,
     ROPE_TYPES,
@@ -38,6 +40,7 @@ from .rope import (
     rope_angles,
     rope_decay_bound,
     rope_frequencies,
+    rope_parameters,
     rope_rotation_matrix,
     rotate_half,
     rotate_interleaved,
@@ -53,6 +56,7 @@ from .schemes import (
     Scheme,
     ShawRelative,
     Sinusoidal,
+    SlidingWindow,
     T5Bias,
     make_scheme,
 )
@@ -73,6 +77,7 @@ __all__ = [
     "BACKENDS",
     "Block",
     "HOOKS",
+    "KVCache",
     "LAYOUTS",
     "LearnedAbsolute",
     "NoPE",
@@ -83,6 +88,7 @@ __all__ = [
     "Scheme",
     "ShawRelative",
     "Sinusoidal",
+    "SlidingWindow",
     "T5Bias",
     "TinyTransformer",
     "alibi_bias",
@@ -105,11 +111,13 @@ __all__ = [
     "input_logit_terms",
     "interleaved_to_half_permutation",
     "make_scheme",
+    "ntk_base",
     "position_logits",
     "relative_distance",
     "rope_angles",
     "rope_decay_bound",
     "rope_frequencies",
+    "rope_parameters",
     "rope_rotation_matrix",
     "rotate_half",
     "rotate_interleaved",
@@ -123,8 +131,13 @@ __all__ = [
     "sinusoidal_frequencies",
     "sinusoidal_wavelengths",
     "skew",
+    "sliding_window_mask",
     "t5_relative_bucket",
     "train",
     "transformer_xl_logits",
     "window_drift",
+    "window_mask",
+    "yarn_correction_dim",
+    "yarn_mscale",
+    "yarn_ramp",
 ]

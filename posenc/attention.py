@@ -44,9 +44,11 @@ def _positions(name: str, given, length: int, default: torch.Tensor) -> torch.Te
     return p
 
 
-def _allowed(q_pos, k_pos, causal: bool, mask) -> torch.Tensor | None:
+def _allowed(q_pos, k_pos, causal: bool, mask, scheme_mask) -> torch.Tensor | None:
     """Combined boolean mask broadcastable to (batch, heads, q_len, k_len), or None for 'all keys'."""
     allowed = causal_mask(q_pos, k_pos) if causal else None
+    if scheme_mask is not None:
+        allowed = scheme_mask if allowed is None else allowed & scheme_mask
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError("mask must be a boolean tensor, True where a query may attend to a key")
@@ -150,7 +152,7 @@ def attention(
             f"exposes; {backend!r} cannot run it (for ShawRelative, values=False keeps the key term only)"
         )
     q_len, k_len, head_dim = q.shape[2], k.shape[2], q.shape[3]
-    plain = q_positions is None and k_positions is None and q_len == k_len
+    default_layout = q_positions is None and k_positions is None and q_len == k_len
     default_q, default_k = default_positions(q_len, k_len) if q_positions is None or k_positions is None else (None, None)
     q_pos = _positions("q_positions", q_positions, q_len, default_q)
     k_pos = _positions("k_positions", k_positions, k_len, default_k)
@@ -159,7 +161,9 @@ def attention(
     q = scheme.transform_qk(q, q_pos)
     if not keys_transformed:
         k = scheme.transform_qk(k, k_pos)
-    allowed = _allowed(q_pos, k_pos, causal, mask)
+    scheme_mask = scheme.score_mask(q_pos, k_pos)
+    allowed = _allowed(q_pos, k_pos, causal, mask, scheme_mask)
+    plain_causal = default_layout and causal and mask is None and scheme_mask is None
 
     if backend == "explicit":
         out, weights = _explicit(q, k, v, scheme.score_bias(q_pos, k_pos, q), allowed, scale)
@@ -168,8 +172,8 @@ def attention(
             out = (out.float() + extra).to(v.dtype)
         return (out, weights) if return_weights else out
     if backend == "sdpa":
-        return _sdpa(q, k, v, scheme.score_bias(q_pos, k_pos, q), allowed, scale, plain and causal and mask is None)
+        return _sdpa(q, k, v, scheme.score_bias(q_pos, k_pos, q), allowed, scale, plain_causal)
     score_mod = scheme.score_mod(q_pos.to(q.device), k_pos.to(q.device), q)
-    if score_mod is None and scheme.hook == "score":
+    if score_mod is None and scheme.score_bias(q_pos[:1], k_pos[:1], q[..., :1, :]) is not None:
         raise ValueError(f"scheme {scheme.name!r} has a score bias but no FlexAttention score_mod; use backend 'explicit' or 'sdpa'")
     return _flex(q, k, v, score_mod, allowed, scale)

@@ -24,10 +24,13 @@ def build_scheme(name: str, dim: int, num_heads: int, max_len: int, **overrides)
     """make_scheme(name) with the model's sizes filled in where the scheme takes them.
 
     head_dim, dim, num_heads and max_len are passed to the schemes whose
-    constructor names them; `overrides` (base, max_distance, ...) win.
+    constructor names them; `overrides` (base, max_distance, ...) win. For
+    "sliding_window", `inner` may name the inner scheme, with `inner_args`.
     """
     if name not in SCHEMES:
         return make_scheme(name)  # raises the registry's error
+    if isinstance(overrides.get("inner"), str):  # a sliding window around a scheme named by the caller
+        overrides["inner"] = build_scheme(overrides["inner"], dim, num_heads, max_len, **overrides.pop("inner_args", {}))
     sizes = {"head_dim": dim // num_heads, "dim": dim, "num_heads": num_heads, "max_len": max_len}
     accepted = inspect.signature(SCHEMES[name]).parameters
     return make_scheme(name, **{**{k: v for k, v in sizes.items() if k in accepted}, **overrides})
@@ -85,11 +88,11 @@ class TinyTransformer(nn.Module):
         if scheme in SCHEMES and SCHEMES[scheme].hook == "input" and "init_std" in inspect.signature(SCHEMES[scheme]).parameters:
             args.setdefault("init_std", EMBEDDING_STD)  # a learned code starts at the scale of the token embeddings
         first = build_scheme(scheme, dim, num_heads, max_len, **args)
-        self.input_scheme = first if first.hook == "input" else None
+        self.input_scheme = first  # its embed() is added to the token embeddings (None for most schemes)
         layer_schemes = [first] * num_layers
         if first.hook == "input":
             layer_schemes = [NoPE()] * num_layers
-        elif isinstance(first, PER_LAYER):
+        elif isinstance(first, PER_LAYER) or isinstance(getattr(first, "inner", None), PER_LAYER):
             layer_schemes = [first] + [build_scheme(scheme, dim, num_heads, max_len, **args) for _ in range(num_layers - 1)]
         self.embed = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(Block(dim, num_heads, s, causal, backend, scale) for s in layer_schemes)
@@ -117,8 +120,9 @@ class TinyTransformer(nn.Module):
         if positions.shape != (length,):
             raise ValueError(f"positions must have shape ({length},), got {tuple(positions.shape)}")
         x = self.embed(tokens)
-        if self.input_scheme is not None:
-            x = x + self.input_scheme.embed(positions).to(x.dtype)
+        code = self.input_scheme.embed(positions)
+        if code is not None:
+            x = x + code.to(x.dtype)
         for block in self.blocks:
             x = block(x, positions, mask)
         return self.head(self.norm(x))

@@ -6,41 +6,42 @@ names of Hugging Face transformers; `apply_rope` rotates queries or keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
 
 import torch
 
 from ._checks import as_positions, choice, positive_float, positive_int, same_last_dim
+from .rope_scaling import ROPE_TYPES
 
 LAYOUTS = ("half", "interleaved")
 
 
-def _default_frequencies(head_dim: int, base: float) -> tuple[torch.Tensor, float]:
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-    return (1.0 / base**exponent).to(torch.float32), 1.0
-
-
-# rope_type -> function(head_dim, base, **params) -> (inv_freq, attention_factor)
-ROPE_TYPES: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
-    "default": _default_frequencies,
-}
+def rope_parameters(rope_type: str) -> dict[str, object]:
+    """The parameters a rope_type takes beyond head_dim and base, with their defaults (inspect.Parameter.empty: required)."""
+    choice("rope_type", rope_type, tuple(ROPE_TYPES))
+    params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[2:]
+    return {p.name: p.default for p in params}
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "default", **params) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies theta_i = base^(-2i/head_dim), i < head_dim/2, and the attention factor.
+    """Inverse frequencies theta_i, i < head_dim/2, and the attention factor, for a `rope_type`.
 
-    Returns `(inv_freq, attention_factor)` like Hugging Face's RoPE init
-    functions: inv_freq is float32 of length head_dim/2 (computed in float64
-    first), attention_factor multiplies cos and sin (1.0 for plain RoPE).
+    "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
+    "dynamic", "yarn" and "llama3" rescale it (posenc.rope_scaling; parameters
+    named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
+    like Hugging Face's RoPE init functions: inv_freq is float32 of length
+    head_dim/2 (computed in float64 first), attention_factor multiplies cos and sin.
     """
     positive_int("head_dim", head_dim, even=True)
     positive_float("base", base, minimum=1.0)
-    choice("rope_type", rope_type, tuple(ROPE_TYPES))
-    fn = ROPE_TYPES[rope_type]
-    try:
-        return fn(head_dim, base, **params)
-    except TypeError as exc:  # an unknown keyword for this rope_type
-        raise TypeError(f"rope_type {rope_type!r} does not accept {sorted(params)}: {exc}") from None
+    accepted = rope_parameters(rope_type)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise TypeError(f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}")
+    missing = sorted(name for name, default in accepted.items() if default is inspect.Parameter.empty and name not in params)
+    if missing:
+        raise ValueError(f"rope_type {rope_type!r} needs {', '.join(missing)}")
+    return ROPE_TYPES[rope_type](head_dim, base, **params)
 
 
 def rope_angles(positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

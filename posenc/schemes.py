@@ -7,7 +7,8 @@ Every scheme acts at (at most) one of three places:
 * ``"score"``: `score_bias(q_positions, k_positions, q)` is added to the attention logits,
   and `score_mod(q_positions, k_positions, q)` is the same bias as a FlexAttention score_mod;
   a score scheme may also add `value_term(weights, q_positions, k_positions)` to the output
-  (Shaw et al.'s relative values), which only the explicit backend can compute.
+  (Shaw et al.'s relative values), which only the explicit backend can compute, or restrict
+  attention with `score_mask(q_positions, k_positions)` (a sliding window).
 
 The defaults do nothing, so a scheme overrides only the hook where it acts.
 """
@@ -22,6 +23,7 @@ from torch import nn
 
 from ._checks import as_positions, choice, positive_float, positive_int
 from .alibi import alibi_bias, alibi_slopes, relative_distance
+from .masks import window_mask
 from .rope import LAYOUTS, apply_rope, rope_frequencies
 from .sinusoidal import sinusoidal_encoding
 from .relative import METHODS, clipped_relative_index, shaw_key_scores, shaw_value_term, t5_relative_bucket
@@ -79,6 +81,10 @@ class Scheme(nn.Module):
 
     needs_weights = False  # True where value_term is used: only the explicit backend exposes the weights
 
+    def score_mask(self, q_positions, k_positions) -> torch.Tensor | None:
+        """Score hook: a boolean (len(q), len(k)) mask, True where a query may attend (combined with causal), or None."""
+        return None
+
     def value_term(self, weights: torch.Tensor, q_positions, k_positions) -> torch.Tensor | None:
         """Added to the attention output, from the weights (batch, heads, q_len, k_len); or None."""
         return None
@@ -121,11 +127,25 @@ class Rope(Scheme):
         self.head_dim, self.base, self.attention_factor = head_dim, base, attention_factor
         self.register_float32_buffer("inv_freq", inv_freq)
 
+    @property
+    def follows_length(self) -> bool:
+        """Dynamic NTK without a fixed seq_len: the frequencies follow the largest position seen in each call."""
+        return self.rope_type == "dynamic" and "seq_len" not in self.rope_params
+
+    def frequencies_for(self, positions) -> torch.Tensor:
+        """The inverse frequencies used for these positions (they depend on them only for dynamic NTK)."""
+        if not self.follows_length:
+            return self.inv_freq
+        seq_len = int(as_positions("positions", positions, integer=False).max()) + 1
+        inv_freq, _ = rope_frequencies(self.head_dim, self.base, "dynamic", seq_len=seq_len, **self.rope_params)
+        return inv_freq.to(self.inv_freq.device)
+
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
-        return apply_rope(x, positions, self.inv_freq, self.layout, self.attention_factor)
+        return apply_rope(x, positions, self.frequencies_for(positions), self.layout, self.attention_factor)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}"
+        params = "".join(f", {k}={v}" for k, v in self.rope_params.items())
+        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}"
 
 
 class ALiBi(Scheme):
@@ -306,8 +326,50 @@ class T5Bias(Scheme):
         return f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
 
 
+class SlidingWindow(Scheme):
+    """Each query sees only the last `window` keys, itself included (i - W < j <= i), around an inner scheme.
+
+    The window is a mask on the scores; the inner scheme (NoPE, RoPE, ALiBi, ...)
+    keeps its own hook, so `SlidingWindow(64, Rope(64))` is Mistral-style attention.
+    """
+
+    name = "sliding_window"
+    hook = "score"
+
+    def __init__(self, window: int, inner: Scheme | None = None):
+        super().__init__()
+        self.window = positive_int("window", window)
+        if inner is not None and not isinstance(inner, Scheme):
+            raise TypeError(f"inner must be a posenc Scheme or None, got {type(inner).__name__}")
+        if isinstance(inner, SlidingWindow):
+            raise ValueError("inner must not be another SlidingWindow: give one window")
+        self.inner = NoPE() if inner is None else inner
+        self.needs_weights = self.inner.needs_weights
+
+    def embed(self, positions):
+        return self.inner.embed(positions)
+
+    def transform_qk(self, x, positions):
+        return self.inner.transform_qk(x, positions)
+
+    def score_bias(self, q_positions, k_positions, q=None):
+        return self.inner.score_bias(q_positions, k_positions, q)
+
+    def score_mod(self, q_positions, k_positions, q=None):
+        return self.inner.score_mod(q_positions, k_positions, q)
+
+    def value_term(self, weights, q_positions, k_positions):
+        return self.inner.value_term(weights, q_positions, k_positions)
+
+    def score_mask(self, q_positions, k_positions) -> torch.Tensor:
+        return window_mask(q_positions, k_positions, self.window)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}"
+
+
 SCHEMES: dict[str, type[Scheme]] = {
-    cls.name: cls for cls in (NoPE, Sinusoidal, LearnedAbsolute, RecurrentAbsolute, Rope, ALiBi, ShawRelative, T5Bias)
+    cls.name: cls for cls in (NoPE, Sinusoidal, LearnedAbsolute, RecurrentAbsolute, Rope, ALiBi, ShawRelative, T5Bias, SlidingWindow)
 }
 
 

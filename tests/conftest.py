@@ -22,6 +22,7 @@ SCHEME_ARGS = {
     "recurrent": lambda head_dim, heads: {"dim": head_dim},
     "shaw": lambda head_dim, heads: {"head_dim": head_dim, "max_distance": 3, "values": False, "init_std": 0.5},
     "t5": lambda head_dim, heads: {"num_heads": heads, "num_buckets": 8, "max_distance": 12, "init_std": 0.5},
+    "sliding_window": lambda head_dim, heads: {"window": 3, "inner": posenc.Rope(head_dim)},
 }
 EXTRA_VARIANTS = [
     ("rope", {"layout": "interleaved"}),
@@ -29,6 +30,14 @@ EXTRA_VARIANTS = [
     ("shaw", {"values": True}),
     ("shaw", {"values": True, "method": "naive"}),
     ("t5", {"bidirectional": False}),
+    ("rope", {"rope_type": "linear", "factor": 4.0}),
+    ("rope", {"rope_type": "ntk", "factor": 4.0}),
+    ("rope", {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 64}),
+    ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
+    ("rope", {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 8}),
+    ("sliding_window", {"window": 1}),
+    ("sliding_window", {"window": 4, "inner": None}),
+    ("sliding_window", {"window": 4, "inner": posenc.ALiBi(4)}),
 ]
 
 

@@ -21,6 +21,24 @@ ROTATION_POSITIONS = [0, 1, 2, 100, 4097]
 ALIBI_HEADS = list(range(1, 65)) + [80, 96, 100, 112, 128, 200, 256]
 T5_CASES = [(True, 32, 128), (False, 32, 128), (True, 8, 20), (False, 16, 40), (True, 64, 512)]  # (bidirectional, num_buckets, max_distance)
 T5_RANGE = (-700, 700)
+# (rope_type, head_dim, base, params, max_position_embeddings, seq_len): a grid over Hugging Face's rope_types
+ROPE_SCALING_CASES = [
+    ("linear", 64, 10000.0, {"factor": 4.0}, 4096, None),
+    ("linear", 128, 500000.0, {"factor": 2.5}, 4096, None),
+    ("dynamic", 64, 10000.0, {"factor": 2.0}, 2048, None),
+    ("dynamic", 64, 10000.0, {"factor": 2.0}, 2048, 6000),
+    ("dynamic", 128, 1000000.0, {"factor": 8.0}, 4096, 40000),
+    ("yarn", 64, 10000.0, {"factor": 16.0, "original_max_position_embeddings": 4096}, 65536, None),
+    ("yarn", 128, 10000.0, {"factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 16.0, "beta_slow": 2.0}, 16384, None),
+    ("yarn", 128, 500000.0, {"factor": 8.0, "original_max_position_embeddings": 8192, "truncate": False}, 65536, None),
+    ("yarn", 64, 10000.0, {"factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707}, 163840, None),
+    ("yarn", 64, 10000.0, {"factor": 4.0, "original_max_position_embeddings": 2048, "attention_factor": 1.5}, 8192, None),
+    ("yarn", 32, 100.0, {"factor": 8.0, "original_max_position_embeddings": 4096}, 32768, None),
+    ("yarn", 64, 10000.0, {"original_max_position_embeddings": 4096}, 32768, None),
+    ("llama3", 128, 500000.0, {"factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 131072, None),
+    ("llama3", 64, 10000.0, {"factor": 4.0, "original_max_position_embeddings": 2048, "low_freq_factor": 2.0, "high_freq_factor": 8.0}, 8192, None),
+    ("llama3", 128, 500000.0, {"factor": 32.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 131072, None),
+]
 
 
 def rotation_input() -> torch.Tensor:
@@ -76,6 +94,24 @@ def t5_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> torc
     return T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
 
 
+def rope_scaled(rope_type: str, head_dim: int, base: float, params: dict, max_position_embeddings: int, seq_len: int | None) -> tuple[torch.Tensor, float]:
+    """Hugging Face's ROPE_INIT_FUNCTIONS[rope_type] for a Llama config with these RoPE parameters."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_parameters = {"rope_type": rope_type, "rope_theta": base, **params}
+    if rope_type == "yarn" and "factor" not in params:
+        rope_parameters["factor"] = None
+    config = LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=max_position_embeddings, rope_parameters=rope_parameters)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len)
+    return inv_freq, float(factor)
+
+
+def scaling_case_id(case) -> str:
+    rope_type, head_dim, base, params, max_len, seq_len = case
+    return f"{rope_type}-d{head_dim}-b{base:g}-" + "-".join(f"{k}={v}" for k, v in params.items()) + f"-max{max_len}-seq{seq_len}"
+
+
 def compute() -> dict:
     import transformers
 
@@ -88,6 +124,7 @@ def compute() -> dict:
         "rope_interleaved": rope_interleaved(x, ROTATION_POSITIONS).tolist(),
         "alibi_slopes": {str(h): alibi_slopes(h).tolist() for h in ALIBI_HEADS},
         "t5_buckets": {f"{b}/{n}/{m}": t5_buckets(b, n, m).tolist() for b, n, m in T5_CASES},
+        "rope_scaling": {scaling_case_id(c): [v.tolist() if isinstance(v, torch.Tensor) else v for v in rope_scaled(*c)] for c in ROPE_SCALING_CASES},
     }
 
 

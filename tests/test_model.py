@@ -17,10 +17,13 @@ def copy_batches(vocab=12, length=16, batch=8):
     return batches
 
 
+MODEL_ARGS = {"sliding_window": {"window": 4, "inner": "rope"}}
+
+
 @pytest.mark.parametrize("name", list(posenc.SCHEMES))
 def test_every_scheme_trains_a_step_and_keeps_shapes(name):
     torch.manual_seed(0)
-    model = posenc.TinyTransformer(vocab_size=12, dim=32, num_heads=4, num_layers=2, scheme=name, max_len=16)
+    model = posenc.TinyTransformer(vocab_size=12, dim=32, num_heads=4, num_layers=2, scheme=name, scheme_args=MODEL_ARGS.get(name), max_len=16)
     losses = posenc.train(model, copy_batches(), steps=2)
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     assert model(torch.zeros(3, 16, dtype=torch.long)).shape == (3, 16, 12)
@@ -64,3 +67,13 @@ def test_training_learns_an_order_task_with_positions(name):
 def test_bad_arguments_are_named(call, words):
     with pytest.raises((ValueError, TypeError), match=words.replace("(", r"\(").replace(")", r"\)")):
         call()
+
+
+def test_a_sliding_window_wraps_the_named_inner_scheme_in_every_layer():
+    model = posenc.TinyTransformer(12, dim=16, num_heads=2, num_layers=2, scheme="sliding_window", scheme_args={"window": 3, "inner": "shaw", "inner_args": {"max_distance": 2}})
+    first, second = (block.scheme for block in model.blocks)
+    assert first.window == 3 and isinstance(first.inner, posenc.ShawRelative) and first.inner.max_distance == 2
+    assert first.inner is not second.inner  # Shaw's tables stay per layer inside the window
+    learned = posenc.TinyTransformer(12, dim=16, num_heads=2, scheme="sliding_window", scheme_args={"window": 3, "inner": "learned"}, max_len=8)
+    with pytest.raises(ValueError, match="outside the learned table"):
+        learned(torch.zeros(1, 9, dtype=torch.long))

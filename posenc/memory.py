@@ -1,0 +1,93 @@
+"""Peak memory of a callable: the bytes of the tensors it creates (any device), and CUDA's allocator peak.
+
+`peak_memory` counts, operator by operator, the storages of the tensors that
+the call creates and frees each one when its storage dies. The count is the
+same on every device and on every run, so a chapter can print it; it does not
+see scratch memory that a single kernel allocates and frees inside itself.
+`cuda_peak_memory` asks CUDA's caching allocator instead: it sees everything
+on the GPU, rounded up to the allocator's blocks.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class _StorageCounter(TorchDispatchMode):
+    """Bytes held by the storages created under this mode: now (`live`) and at most (`peak`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self._sizes: dict[int, int] = {}  # id of a weak reference to a storage -> bytes counted for it
+        self._refs: dict[int, weakref.ref] = {}  # id(storage) -> its weak reference, while it lives
+
+    def _freed(self, ref: weakref.ref) -> None:
+        self.live -= self._sizes.pop(id(ref), 0)
+
+    def _track(self, storage: torch.UntypedStorage, existing: dict[int, int]) -> None:
+        ref = self._refs.get(id(storage))
+        if ref is None or ref() is not storage:  # a storage not seen yet (an id can be reused after a free)
+            ref = weakref.ref(storage, self._freed)
+            self._refs[id(storage)] = ref
+            # a storage made before the call (an input, seen again through a view) counts only what it grows
+            self._sizes[id(ref)] = existing.get(id(storage), 0)
+        grown = storage.nbytes() - self._sizes[id(ref)]  # new storages, and storages resized in place
+        if grown > 0:
+            self._sizes[id(ref)] += grown
+            self.live += grown
+            self.peak = max(self.peak, self.live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        existing = {}  # storages of the inputs, with their sizes before the operator runs
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                st = t.untyped_storage()
+                existing[id(st)] = st.nbytes()
+        out = func(*args, **kwargs)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self._track(t.untyped_storage(), existing)
+        return out
+
+
+def peak_memory(fn: Callable, *args, **kwargs) -> int:
+    """Largest number of bytes held at once by the tensors that fn(*args, **kwargs) creates.
+
+    Tensors that exist before the call (its inputs) are not counted; its output
+    is. Works on any device and gives the same count on each, run after run.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    counter = _StorageCounter()
+    with counter:
+        out = fn(*args, **kwargs)
+    del out
+    return counter.peak
+
+
+def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
+    """Peak bytes CUDA's caching allocator held during fn(*args, **kwargs), above what it held before.
+
+    Needs a GPU (raises RuntimeError otherwise). Call fn once before measuring
+    if it triggers one-time allocations (a cuBLAS workspace, say).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_peak_memory needs a CUDA device; on the CPU use posenc.peak_memory")
+    device = torch.device("cuda") if device is None else torch.device(device)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn(*args, **kwargs)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    del out
+    return peak

@@ -1,0 +1,172 @@
+"""RoPE frequency schedules, one function per `rope_type`, as in Hugging Face's `modeling_rope_utils`.
+
+Each function takes `(head_dim, base, **params)` and returns `(inv_freq, attention_factor)`:
+inv_freq of length head_dim / 2 in float32 (formed in float64), and the factor that
+multiplies cos and sin (so the logits scale by its square). Parameter names and
+meanings follow Hugging Face's RoPE configs, so a model's config maps to a call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import positive_float, positive_int
+
+
+def default_inv_freq64(head_dim: int, base: float) -> torch.Tensor:
+    """theta_i = base^(-2i/head_dim) in float64."""
+    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def _factor(factor) -> float:
+    return positive_float("factor", factor, minimum=1.0, inclusive=True)
+
+
+def _original(original_max_position_embeddings, rope_type: str) -> int:
+    if original_max_position_embeddings is None:
+        raise ValueError(f"rope_type {rope_type!r} needs original_max_position_embeddings (the pretraining context length)")
+    return positive_int("original_max_position_embeddings", original_max_position_embeddings)
+
+
+def default(head_dim: int, base: float) -> tuple[torch.Tensor, float]:
+    """Plain RoPE (Su et al.)."""
+    return default_inv_freq64(head_dim, base).float(), 1.0
+
+
+def linear(head_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al., 2023): every frequency divided by `factor`, i.e. positions m / factor."""
+    return (default_inv_freq64(head_dim, base) / _factor(factor)).float(), 1.0
+
+
+def ntk_base(head_dim: int, base: float, factor: float) -> float:
+    """NTK-aware base: base * factor^(d / (d - 2)), so the lowest frequency is divided by exactly `factor`."""
+    positive_int("head_dim", head_dim, even=True)
+    if head_dim < 4:
+        raise ValueError(f"NTK-aware scaling needs head_dim >= 4 (it raises to d / (d - 2)), got {head_dim}")
+    return base * _factor(factor) ** (head_dim / (head_dim - 2))
+
+
+def ntk(head_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
+    """Static NTK-aware scaling (bloc97, 2023): plain RoPE with the base raised to ntk_base.
+
+    The highest frequency (i = 0) is unchanged, the lowest (i = d/2 - 1) divided by
+    `factor`, and those between by a geometric blend. Not a Hugging Face rope_type:
+    there it exists only in its dynamic form.
+    """
+    return default_inv_freq64(head_dim, ntk_base(head_dim, base, factor)).float(), 1.0
+
+
+def dynamic(head_dim: int, base: float, factor: float, max_position_embeddings: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK (emozilla, 2023), as Hugging Face computes it for the current length `seq_len`.
+
+    Below max_position_embeddings it is plain RoPE; past it the base becomes
+    base * (factor * seq_len / max_position_embeddings - (factor - 1))^(d / (d - 2)),
+    so the frequencies change as the sequence grows.
+    """
+    factor, max_len = _factor(factor), positive_int("max_position_embeddings", max_position_embeddings)
+    seq_len = max_len if seq_len is None else max(positive_int("seq_len", seq_len), max_len)
+    if head_dim < 4:
+        raise ValueError(f"dynamic NTK scaling needs head_dim >= 4, got {head_dim}")
+    scaled = base * (factor * seq_len / max_len - (factor - 1)) ** (head_dim / (head_dim - 2))
+    return default_inv_freq64(head_dim, scaled).float(), 1.0
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature term 0.1 * mscale * ln(scale) + 1 (1 for scale <= 1)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_correction_dim(num_rotations: float, head_dim: int, base: float, original_max_position_embeddings: int) -> float:
+    """The (real-valued) pair index i whose wavelength fits `num_rotations` times into the original context.
+
+    Solves original_max_position_embeddings / (2 pi base^(2i/d)) = num_rotations for i.
+    """
+    return head_dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+def yarn_ramp(head_dim: int, base: float, original_max_position_embeddings: int, beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> torch.Tensor:
+    """NTK-by-parts blend per pair, in float32: 0 keeps the original frequency, 1 interpolates it fully.
+
+    Pairs that rotate more than beta_fast times within the original context keep
+    their frequency; pairs that rotate fewer than beta_slow times are divided by
+    the factor; a linear ramp joins the two. The bounds are floored and ceiled
+    (truncate=True) and clamped to [0, head_dim - 1] as Hugging Face and the YaRN
+    code do (head_dim - 1, not head_dim/2 - 1: a clamp that rarely binds).
+    """
+    low = yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)
+    high = yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as in the reference, to avoid dividing by zero
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)
+    return ramp.clamp(0, 1)
+
+
+def yarn(
+    head_dim: int,
+    base: float,
+    original_max_position_embeddings: int | None = None,
+    factor: float | None = None,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+    truncate: bool = True,
+    max_position_embeddings: int | None = None,
+) -> tuple[torch.Tensor, float]:
+    """YaRN (Peng et al., 2023): NTK-by-parts frequencies and the attention temperature.
+
+    Without `factor`, it is max_position_embeddings / original_max_position_embeddings.
+    Without `attention_factor`, it is 0.1 ln(factor) + 1 (or the mscale /
+    mscale_all_dim ratio of DeepSeek's configs), applied to cos and sin once, so
+    the logits scale by its square.
+    """
+    original = _original(original_max_position_embeddings, "yarn")
+    if factor is None:
+        if max_position_embeddings is None:
+            raise ValueError("rope_type 'yarn' needs factor, or max_position_embeddings to derive it from")
+        factor = positive_int("max_position_embeddings", max_position_embeddings) / original
+    factor = _factor(factor)
+    beta_fast, beta_slow = positive_float("beta_fast", beta_fast), positive_float("beta_slow", beta_slow)
+    if beta_fast <= beta_slow:
+        raise ValueError(f"beta_fast must be above beta_slow (rotations: fast pairs keep their frequency), got beta_fast={beta_fast}, beta_slow={beta_slow}")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_mscale(factor)
+    attention_factor = positive_float("attention_factor", attention_factor)
+    original_freq = default_inv_freq64(head_dim, base)
+    keep = 1 - yarn_ramp(head_dim, base, original, beta_fast, beta_slow, truncate).double()
+    inv_freq = original_freq / factor * (1 - keep) + original_freq * keep
+    return inv_freq.float(), float(attention_factor)
+
+
+def llama3(head_dim: int, base: float, factor: float, original_max_position_embeddings: int | None = None, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
+    """Llama 3.1's scaling: wavelength bands with a smooth blend between them.
+
+    Wavelengths shorter than original / high_freq_factor keep their frequency;
+    longer than original / low_freq_factor are divided by `factor`; in between,
+    a blend linear in original / wavelength.
+    """
+    factor = _factor(factor)
+    original = _original(original_max_position_embeddings, "llama3")
+    low, high = positive_float("low_freq_factor", low_freq_factor), positive_float("high_freq_factor", high_freq_factor)
+    if low >= high:
+        raise ValueError(f"low_freq_factor must be below high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}")
+    inv_freq = default_inv_freq64(head_dim, base)
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    is_medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(is_medium, blended, scaled).float(), 1.0
+
+
+# rope_type -> function(head_dim, base, **params) -> (inv_freq, attention_factor)
+ROPE_TYPES = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "llama3": llama3}
