@@ -1,0 +1,99 @@
+"""Real text with no download: the Python standard library's own .py sources, as bytes.
+
+The files are found from the running interpreter, read in sorted order, and
+split into train and validation by file (a file is in validation when a hash of
+its relative path says so), so no file straddles the split. The size and a
+SHA-256 of the content identify the corpus in every result: another Python
+version has another standard library, hence another hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ._checks import positive_int
+
+VOCAB_SIZE = 256  # bytes
+
+
+@dataclass(frozen=True)
+class Corpus:
+    train: torch.Tensor  # uint8 bytes
+    valid: torch.Tensor
+    train_files: int
+    valid_files: int
+    sha256: str
+    root: str
+
+    @property
+    def size(self) -> int:
+        return len(self.train) + len(self.valid)
+
+    def describe(self) -> dict:
+        return {"corpus_root": self.root, "corpus_bytes": self.size, "corpus_train_bytes": len(self.train), "corpus_valid_bytes": len(self.valid),
+                "corpus_train_files": self.train_files, "corpus_valid_files": self.valid_files, "corpus_sha256": self.sha256}
+
+
+def stdlib_files(root: Path | None = None) -> list[Path]:
+    """Every .py file of the standard library (not site-packages, not caches), sorted by relative path."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
+    if not root.is_dir():
+        raise ValueError(f"root must be a directory of Python sources, got {root}")
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    return sorted((p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)), key=lambda p: p.relative_to(root).as_posix())
+
+
+def in_validation(relative_path: str, valid_percent: int) -> bool:
+    """A stable split by file: the first byte of the path's SHA-256 decides."""
+    return hashlib.sha256(relative_path.encode()).digest()[0] * 100 < valid_percent * 256
+
+
+def load_corpus(max_bytes: int = 4_000_000, valid_percent: int = 10, root: Path | None = None) -> Corpus:
+    """Read files in order until `max_bytes` of text, split by file; each file ends with a newline."""
+    positive_int("max_bytes", max_bytes)
+    if not 0 < positive_int("valid_percent", valid_percent) < 100:
+        raise ValueError(f"valid_percent must be in [1, 99], got {valid_percent}")
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
+    parts: dict[bool, list[bytes]] = {False: [], True: []}
+    total, digest = 0, hashlib.sha256()
+    for path in stdlib_files(root):
+        rel = path.relative_to(root).as_posix()
+        data = path.read_bytes().rstrip(b"\n") + b"\n"
+        parts[in_validation(rel, valid_percent)].append(data)
+        digest.update(rel.encode() + b"\0" + data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    if not parts[False] or not parts[True]:
+        raise ValueError(f"the corpus under {root} is too small to split (train {len(parts[False])} files, validation {len(parts[True])})")
+
+    def as_tensor(chunks: list[bytes]) -> torch.Tensor:
+        return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).clone()
+
+    return Corpus(as_tensor(parts[False]), as_tensor(parts[True]), len(parts[False]), len(parts[True]), digest.hexdigest(), str(root))
+
+
+def sample_windows(data: torch.Tensor, length: int, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random (inputs, targets) windows of `length` bytes, targets shifted by one, as int64."""
+    positive_int("length", length)
+    positive_int("batch_size", batch_size)
+    if len(data) <= length + 1:
+        raise ValueError(f"data of {len(data)} bytes is too short for windows of length {length}")
+    starts = torch.randint(0, len(data) - length - 1, (batch_size,), generator=generator)
+    windows = torch.stack([data[s : s + length + 1] for s in starts.tolist()]).long()
+    return windows[:, :-1], windows[:, 1:]
+
+
+def eval_windows(data: torch.Tensor, length: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` evenly spaced, non-random windows of `length` bytes: the same for every scheme."""
+    positive_int("count", count)
+    if len(data) <= length + 1:
+        raise ValueError(f"data of {len(data)} bytes is too short for windows of length {length}")
+    starts = torch.linspace(0, len(data) - length - 2, count).long()
+    windows = torch.stack([data[s : s + length + 1] for s in starts.tolist()]).long()
+    return windows[:, :-1], windows[:, 1:]
