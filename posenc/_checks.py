@@ -13,13 +13,17 @@ from collections.abc import Sequence
 import torch
 
 
-def positive_int(name: str, value, *, even: bool = False) -> int:
+PAIRS = "positions rotate pairs of dimensions"
+
+
+def positive_int(name: str, value, *, even: str | None = None) -> int:
+    """A positive int; `even`, when given, is the reason it must also be even (said in the error)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
     if value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value}")
     if even and value % 2:
-        raise ValueError(f"{name} must be even (positions rotate pairs of dimensions), got {value}")
+        raise ValueError(f"{name} must be even ({even}), got {value}")
     return value
 
 

@@ -41,6 +41,7 @@ def _width(scheme: Scheme, dim: int | None, num_heads: int | None) -> tuple[int,
     return dim, positive_int("num_heads", num_heads or own_heads or 1)
 
 
+@torch.no_grad()
 def position_logits(scheme: Scheme, num_positions: int, dim: int | None = None, num_heads: int | None = None, seed: int = 0) -> torch.Tensor:
     """(num_heads, L, L) logits between positions 0..L-1 when every token has the same content.
 
@@ -60,6 +61,7 @@ def position_logits(scheme: Scheme, num_positions: int, dim: int | None = None, 
     return attention_logits(x, x, scheme, positions, positions, 1.0 / math.sqrt(dim))[0]
 
 
+@torch.no_grad()
 def distinctness(logits: torch.Tensor) -> float:
     """Smallest RMS difference between the logit rows of two different query positions.
 
@@ -72,6 +74,7 @@ def distinctness(logits: torch.Tensor) -> float:
     return float(gaps.min())
 
 
+@torch.no_grad()
 def similarity_by_distance(logits: torch.Tensor) -> torch.Tensor:
     """Mean logit between a query and the key `d` positions before it, for d = 0..L-1 (averaged over heads)."""
     length = logits.shape[-1]
@@ -89,6 +92,7 @@ def decay_score(curve: torch.Tensor) -> float:
     return float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
 
 
+@torch.no_grad()
 def window_drift(logits: torch.Tensor, train_len: int) -> float:
     """Largest relative change, for queries past `train_len`, of the logits over their last train_len keys.
 
@@ -105,6 +109,7 @@ def window_drift(logits: torch.Tensor, train_len: int) -> float:
     return float(torch.stack(drift).max())
 
 
+@torch.no_grad()
 def far_attention(logits: torch.Tensor, train_len: int) -> float:
     """Attention weight the last query puts on keys at distance >= train_len (causal, averaged over heads).
 
@@ -117,6 +122,7 @@ def far_attention(logits: torch.Tensor, train_len: int) -> float:
     return float(row[:, distance >= train_len].sum(dim=-1).mean())
 
 
+@torch.no_grad()
 def desiderata(scheme: Scheme, train_len: int = 64, test_len: int = 256, dim: int | None = None, num_heads: int | None = None) -> dict[str, float]:
     """The three measurements for one scheme, as one row of the table every chapter prints.
 

@@ -85,6 +85,8 @@ class TinyTransformer(nn.Module):
         if positive_int("dim", dim) % num_heads:
             raise ValueError(f"dim ({dim}) must be a multiple of num_heads ({num_heads})")
         self.scheme_name, args = scheme, dict(scheme_args or {})
+        if scheme == "t5":
+            args.setdefault("bidirectional", not causal)  # a decoder's future keys are masked: give their buckets to the past
         if scheme in SCHEMES and SCHEMES[scheme].hook == "input" and "init_std" in inspect.signature(SCHEMES[scheme]).parameters:
             args.setdefault("init_std", EMBEDDING_STD)  # a learned code starts at the scale of the token embeddings
         first = build_scheme(scheme, dim, num_heads, max_len, **args)

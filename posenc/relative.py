@@ -24,7 +24,7 @@ def t5_relative_bucket(relative_position, bidirectional: bool = True, num_bucket
     gives keys after the query their own half of the buckets; `False` (decoder)
     maps every key after the query to bucket 0 with distance 0.
     """
-    positive_int("num_buckets", num_buckets, even=bidirectional)
+    positive_int("num_buckets", num_buckets, even="bidirectional buckets are split between keys before and after the query" if bidirectional else None)
     positive_int("max_distance", max_distance)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2

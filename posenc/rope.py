@@ -10,7 +10,7 @@ import inspect
 
 import torch
 
-from ._checks import as_positions, choice, positive_float, positive_int, same_last_dim
+from ._checks import PAIRS, as_positions, choice, positive_float, positive_int, same_last_dim
 from .rope_scaling import ROPE_TYPES
 
 LAYOUTS = ("half", "interleaved")
@@ -32,7 +32,7 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "def
     like Hugging Face's RoPE init functions: inv_freq is float32 of length
     head_dim/2 (computed in float64 first), attention_factor multiplies cos and sin.
     """
-    positive_int("head_dim", head_dim, even=True)
+    positive_int("head_dim", head_dim, even=PAIRS)
     positive_float("base", base, minimum=1.0)
     accepted = rope_parameters(rope_type)
     unknown = sorted(set(params) - set(accepted))
@@ -79,7 +79,7 @@ def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str =
     """
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
-    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=True)
+    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=PAIRS)
     same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
     p = as_positions("positions", positions, integer=False).to(x.device)
     try:
@@ -124,7 +124,7 @@ def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
     model trained with interleaved pairs into one with identical attention
     under the rotate-half layout (what Hugging Face's Llama conversion script does).
     """
-    positive_int("head_dim", head_dim, even=True)
+    positive_int("head_dim", head_dim, even=PAIRS)
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
 
@@ -141,7 +141,7 @@ def apply_rope_angles(x: torch.Tensor, angles: torch.Tensor, layout: str = "half
     if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
         raise TypeError("angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)")
     choice("layout", layout, LAYOUTS)
-    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=True)
+    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=PAIRS)
     same_last_dim("x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}")
     positive_float("attention_factor", attention_factor)
     work = torch.promote_types(angles.dtype, torch.float32)

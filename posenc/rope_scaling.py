@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ._checks import positive_float, positive_int
+from ._checks import PAIRS, positive_float, positive_int
 
 
 def default_inv_freq64(head_dim: int, base: float) -> torch.Tensor:
@@ -42,7 +42,7 @@ def linear(head_dim: int, base: float, factor: float) -> tuple[torch.Tensor, flo
 
 def ntk_base(head_dim: int, base: float, factor: float) -> float:
     """NTK-aware base: base * factor^(d / (d - 2)), so the lowest frequency is divided by exactly `factor`."""
-    positive_int("head_dim", head_dim, even=True)
+    positive_int("head_dim", head_dim, even=PAIRS)
     if head_dim < 4:
         raise ValueError(f"NTK-aware scaling needs head_dim >= 4 (it raises to d / (d - 2)), got {head_dim}")
     return base * _factor(factor) ** (head_dim / (head_dim - 2))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import as_positions, positive_float, positive_int
+from ._checks import PAIRS, as_positions, positive_float, positive_int
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -45,7 +45,7 @@ def shift_rotation(k: float, dim: int, base: float = 10000.0) -> torch.Tensor:
     (sin, cos) pair; it depends on the shift k and not on p, which is why the
     authors hoped a linear layer could attend by relative position.
     """
-    dim = positive_int("dim", dim, even=True)
+    dim = positive_int("dim", dim, even=PAIRS)
     w = sinusoidal_frequencies(dim, base)[::2] * float(k)
     c, s = torch.cos(w), torch.sin(w)
     m = torch.zeros(dim, dim, dtype=torch.float64)
