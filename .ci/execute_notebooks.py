@@ -66,7 +66,10 @@ def execute(path: Path, source: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # the same environment the tests compare under (tests/conftest.py): torch's CPU results can
+    # differ in the last digits between one and two threads
     os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.ipynb"))
     source = setup_source()

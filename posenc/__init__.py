@@ -18,7 +18,9 @@ from .desiderata import (
     window_drift,
 )
 from .cache import KVCache
-from .masks import causal_mask, default_positions, sliding_window_mask, window_mask
+from .masks import causal_mask, default_positions, sliding_window_mask, window_mask, window_mask_mod, window_mask_with_sinks
+from .memory import cuda_peak_memory, peak_memory
+from .tasks import lag_copy, lag_copy_batches
 from .model import Block, TinyTransformer, build_scheme, train
 from .relative import (
     clipped_relative_index,
@@ -29,7 +31,7 @@ from .relative import (
     t5_relative_bucket,
     transformer_xl_logits,
 )
-from .rope_scaling import ntk_base, yarn_correction_dim, yarn_mscale, yarn_ramp
+from .rope_scaling import default_inv_freq64, ntk_base, yarn_correction_dim, yarn_mscale, yarn_ramp
 from .rope import (
     LAYOUTS,
     ROPE_TYPES,
@@ -102,16 +104,21 @@ __all__ = [
     "causal_mask",
     "clipped_relative_index",
     "content_vector",
+    "cuda_peak_memory",
     "decay_score",
     "default_device",
+    "default_inv_freq64",
     "default_positions",
     "desiderata",
     "distinctness",
     "far_attention",
     "input_logit_terms",
     "interleaved_to_half_permutation",
+    "lag_copy",
+    "lag_copy_batches",
     "make_scheme",
     "ntk_base",
+    "peak_memory",
     "position_logits",
     "relative_distance",
     "rope_angles",
@@ -137,6 +144,8 @@ __all__ = [
     "transformer_xl_logits",
     "window_drift",
     "window_mask",
+    "window_mask_mod",
+    "window_mask_with_sinks",
     "yarn_correction_dim",
     "yarn_mscale",
     "yarn_ramp",

@@ -110,14 +110,18 @@ def window_drift(logits: torch.Tensor, train_len: int) -> float:
 
 
 @torch.no_grad()
-def far_attention(logits: torch.Tensor, train_len: int) -> float:
+def far_attention(logits: torch.Tensor, train_len: int, mask: torch.Tensor | None = None) -> float:
     """Attention weight the last query puts on keys at distance >= train_len (causal, averaged over heads).
 
     Distances never seen in training; uniform attention would put
-    (L - train_len) / L there.
+    (L - train_len) / L there. `mask` (L, L), True where a query may attend
+    (a scheme's score_mask, e.g. a sliding window), restricts the softmax.
     """
     positive_int("train_len", train_len)
-    row = logits[:, -1, :].double().softmax(dim=-1)
+    row = logits[:, -1, :].double()
+    if mask is not None:
+        row = row.masked_fill(~mask[-1].to(row.device), float("-inf"))
+    row = row.softmax(dim=-1)
     distance = torch.arange(logits.shape[-1] - 1, -1, -1)
     return float(row[:, distance >= train_len].sum(dim=-1).mean())
 
@@ -135,9 +139,11 @@ def desiderata(scheme: Scheme, train_len: int = 64, test_len: int = 256, dim: in
         raise ValueError(f"test_len must exceed train_len, got test_len={test_len}, train_len={train_len}")
     long = position_logits(scheme, test_len, dim, num_heads)
     short = long[:, :train_len, :train_len]
+    positions = torch.arange(test_len)
+    mask = scheme.score_mask(positions, positions)  # a sliding window: weights, not logits, see it
     return {
         "distinct": distinctness(short),
         "decay": decay_score(similarity_by_distance(short)),
         "drift": window_drift(long, train_len),
-        "far_weight": far_attention(long, train_len),
+        "far_weight": far_attention(long, train_len, mask),
     }

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from ._checks import positive_int
+from ._checks import as_positions, positive_int
 from .alibi import relative_distance
 
 
@@ -40,3 +42,47 @@ def sliding_window_mask(q_len: int, k_len: int, window: int) -> torch.Tensor:
     positive_int("k_len", k_len)
     q_pos, k_pos = default_positions(q_len, k_len)
     return window_mask(q_pos, k_pos, window)
+
+
+def _count(name: str, value) -> int:
+    """A non-negative integer (a number of sinks, an offset), else a named error."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a non-negative integer, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value}")
+    return value
+
+
+def window_mask_with_sinks(q_positions, k_positions, window: int, num_sinks: int) -> torch.Tensor:
+    """(len(q), len(k)) boolean mask: the causal window of `window` keys plus the first `num_sinks` positions.
+
+    True where key_position <= query_position and (query_position - window < key_position
+    or key_position < num_sinks). The sinks are the first tokens of the stream (positions
+    0..num_sinks-1), which StreamingLLM (Xiao et al., 2024) keeps visible to every later
+    query; num_sinks=0 gives window_mask.
+    """
+    positive_int("window", window)
+    _count("num_sinks", num_sinks)
+    causal = causal_mask(q_positions, k_positions)
+    k = as_positions("k_positions", k_positions, integer=True).to(causal.device)
+    return window_mask(q_positions, k_positions, window) | (causal & (k < num_sinks)[None, :])
+
+
+def window_mask_mod(window: int, num_sinks: int = 0, q_offset: int = 0) -> Callable:
+    """The same mask as a FlexAttention mask_mod(b, h, q_idx, kv_idx), for create_block_mask.
+
+    Keys are at positions kv_idx and queries at q_idx + q_offset (q_offset = k_len - q_len
+    puts the queries at the last q_len positions, as sliding_window_mask does). It is a
+    pure function of the indices, so a compiled kernel can skip every block of keys it
+    rules out without ever materialising the mask.
+    """
+    positive_int("window", window)
+    _count("num_sinks", num_sinks)
+    _count("q_offset", q_offset)
+
+    def sliding_window(b, h, q_idx, kv_idx):
+        i = q_idx + q_offset
+        visible = (kv_idx <= i) & (i - kv_idx < window)
+        return visible | ((kv_idx <= i) & (kv_idx < num_sinks)) if num_sinks else visible
+
+    return sliding_window

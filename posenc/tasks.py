@@ -16,6 +16,8 @@ import torch
 from ._checks import positive_int
 
 IGNORE_INDEX = -100  # targets with this value are skipped by cross_entropy, hence by posenc.train
+# torch's CPU generator keeps only the low 32 bits of a seed: (seed, step) is packed into 32 bits, one to one
+SEED_BITS, STEP_BITS = 10, 22
 
 
 def _non_negative_int(name: str, value, below: int) -> int:
@@ -46,18 +48,19 @@ def lag_copy(step: int, vocab_size: int = 16, length: int = 64, batch_size: int 
 
     The answer is a token at a fixed *distance*, and every token is equally
     likely everywhere, so content alone cannot solve it: a model must know where
-    each token is. `step` and `seed` pick the batch (pairs never collide); use a
-    seed not used in training for held-out batches, and a larger `length` to
-    test positions never trained.
+    each token is. `step` (0 <= step < 2**22) and `seed` (0 <= seed < 1024) pick
+    the batch, and no two pairs share a generator seed; use a seed not used in
+    training for held-out batches, and a larger `length` to test positions never
+    trained.
     """
-    _non_negative_int("step", step, 2**32)
-    _non_negative_int("seed", seed, 2**31)
+    _non_negative_int("step", step, 2**STEP_BITS)
+    _non_negative_int("seed", seed, 2**SEED_BITS)
     if positive_int("vocab_size", vocab_size) < 2:
         raise ValueError(f"vocab_size must be at least 2 (one token carries no information), got {vocab_size}")
     positive_int("batch_size", batch_size)
     if positive_int("length", length) <= positive_int("lag", lag):
         raise ValueError(f"length must exceed lag (no position would have a target), got length={length}, lag={lag}")
-    gen = torch.Generator().manual_seed((seed << 32) + step)
+    gen = torch.Generator().manual_seed((seed << STEP_BITS) + step)
     inputs = torch.randint(0, vocab_size, (batch_size, length), generator=gen)
     targets = torch.full_like(inputs, IGNORE_INDEX)
     targets[:, lag:] = inputs[:, :-lag]

@@ -1,12 +1,3 @@
-import os
-
-# nbval starts each chapter's kernel with this process's environment: give it the settings the outputs
-# were stored under (.ci/execute_notebooks.py sets PYTHONHASHSEED=0), and one thread per pytest-xdist
-# worker so that `-n 2` on two cores does not oversubscribe them.
-os.environ.setdefault("PYTHONHASHSEED", "0")
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 import pytest
 import torch
 

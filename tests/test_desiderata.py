@@ -51,3 +51,10 @@ def test_position_logits_use_the_scheme_width_and_heads():
 def test_desiderata_needs_a_longer_test_length():
     with pytest.raises(ValueError, match="test_len must exceed train_len"):
         posenc.desiderata(posenc.NoPE(), train_len=64, test_len=64)
+
+
+def test_a_sliding_window_puts_no_weight_past_it():
+    windowed = posenc.desiderata(posenc.SlidingWindow(16, posenc.Rope(64)), train_len=64, test_len=256)
+    plain = posenc.desiderata(posenc.Rope(64), train_len=64, test_len=256)
+    assert windowed["far_weight"] == 0.0 < plain["far_weight"]
+    assert {k: windowed[k] for k in ("distinct", "decay", "drift")} == {k: plain[k] for k in ("distinct", "decay", "drift")}
