@@ -56,7 +56,7 @@ def position_logits(scheme: Scheme, num_positions: int, dim: int | None = None, 
     x = content_vector(dim, seed).expand(num_positions, dim)
     code = scheme.embed(positions)
     if code is not None:
-        x = x + code.to(x.dtype)
+        x = x + code.to(device=x.device, dtype=x.dtype)
     x = x.expand(1, num_heads, num_positions, dim)
     return attention_logits(x, x, scheme, positions, positions, 1.0 / math.sqrt(dim))[0]
 

@@ -195,7 +195,7 @@ class LearnedAbsolute(Scheme):
         p = as_positions("positions", positions, integer=True).to(self.table.device)
         if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
             bad = int(p.max()) if int(p.max()) >= self.max_len else int(p.min())
-            raise ValueError(f"position {bad} is outside the learned table: positions must be in [0, max_len={self.max_len}); a learned table has no row past its training length")
+            raise ValueError(f"position {bad} is outside the learned table: positions must be in [0, max_len={self.max_len}); a learned table has no row past max_len")
         return self.table[p]
 
     def extra_repr(self) -> str:
@@ -218,7 +218,7 @@ class RecurrentAbsolute(Scheme):
         self.dim = positive_int("dim", dim)
         self.start = nn.Parameter(torch.randn(dim) * positive_float("init_std", init_std))
         self.step = nn.Linear(dim, dim)
-        nn.init.normal_(self.step.weight, std=0.5 / math.sqrt(dim))  # a gentle, unsaturated step to start from
+        nn.init.normal_(self.step.weight, std=0.5 / math.sqrt(dim))  # small weights; the codes' norm still grows with t
         nn.init.zeros_(self.step.bias)
 
     def embed(self, positions) -> torch.Tensor:
