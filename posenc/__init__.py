@@ -20,6 +20,7 @@ from .desiderata import (
 from .cache import KVCache
 from .masks import causal_mask, default_positions, sliding_window_mask, window_mask, window_mask_mod, window_mask_with_sinks
 from .memory import cuda_peak_memory, peak_memory
+from .results import read_result
 from .tasks import lag_copy, lag_copy_batches
 from .model import Block, TinyTransformer, build_scheme, train
 from .relative import (
@@ -120,6 +121,7 @@ __all__ = [
     "ntk_base",
     "peak_memory",
     "position_logits",
+    "read_result",
     "relative_distance",
     "rope_angles",
     "rope_decay_bound",

@@ -86,10 +86,13 @@ OPERATION_PATHS: dict[str, tuple[str, ...]] = {
     "copy": ("clone",),
     "rope": ("posenc", "posenc_compiled", "hf_eager"),
 }
+ALL_SCHEMES = (*SCHEME_PATHS, *OPERATION_PATHS)
 # the path each path is checked against
 REFERENCE = {"shaw_values": "explicit_naive", "rope": "posenc", "copy": "clone"}
 FLEX_PATHS = ("flex", "flex_inkernel")
-TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}  # atol = rtol for assert_close
+# float32: atol = rtol of torch.testing.assert_close; half precision: the norm-wise relative error
+# ||got - reference|| / ||reference||, which a sum over many bfloat16 terms (a bias's gradient) still meets
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,11 +174,14 @@ def get_preset(preset: str | Preset) -> Preset:
 
 
 def choose_dtype(device: torch.device, bf16_supported: bool | None = None) -> torch.dtype:
-    """float32 on the CPU; on a GPU bfloat16 where it is supported, float16 otherwise (a T4, say)."""
+    """float32 on the CPU; on a GPU bfloat16 where the hardware supports it natively, float16 otherwise (a T4, say)."""
     if torch.device(device).type != "cuda":
         return torch.float32
-    if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported()
+    if bf16_supported is None:  # native support (compute capability 8.0 and up), not emulation: a T4 gets float16
+        try:
+            bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # an older torch without the argument
+            bf16_supported = torch.cuda.is_bf16_supported()
     return torch.bfloat16 if bf16_supported else torch.float16
 
 
@@ -215,7 +221,7 @@ def estimate_bytes(scheme: str, path: str, pass_: str, batch: int, heads: int, l
         if path == "explicit_naive":  # the (L, L, d) relative tensors of keys and values
             estimate += (4 if backward else 2) * length * length * head_dim * 4
         return estimate
-    if path in FLEX_PATHS and scheme in ("t5", "shaw") and path == "flex":
+    if path == "flex" and scheme in ("t5", "shaw"):
         return 16 * bhld + _index_bytes(scheme, length)  # posenc's score_mod reads an (L, L) index
     return 16 * bhld
 
@@ -436,14 +442,20 @@ class Runner:
             self._hf = apply_rotary_pos_emb
         return self._hf
 
-    def hf_cos_sin(self, length: int, batch: int, like: torch.Tensor):
-        """cos and sin as Hugging Face's LlamaRotaryEmbedding makes them (once per forward, shared by the layers)."""
+    def hf_cos_sin(self, length: int, batch: int, like: torch.Tensor, inv_freq: torch.Tensor):
+        """cos and sin as Hugging Face's LlamaRotaryEmbedding makes them (once per forward, shared by the layers).
+
+        It is given posenc's frequencies: Hugging Face forms them in float32 and posenc in
+        float64 (rounded once), and with its own the rotated outputs differed from posenc's by
+        about 1e-4 at 2,048 positions, which would blur the check of the rotation itself.
+        """
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         p = self.preset
         config = LlamaConfig(hidden_size=p.heads * p.head_dim, num_attention_heads=p.heads, head_dim=p.head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         rotary = LlamaRotaryEmbedding(config).to(self.device)
+        rotary.inv_freq = inv_freq.clone()
         positions = torch.arange(length, device=self.device)[None].expand(batch, -1)
         return rotary(like, positions)
 
@@ -540,7 +552,7 @@ class Runner:
             fn = lambda: compiled(q, k, positions, inv_freq)  # noqa: E731
         elif path == "hf_eager":
             apply_rotary_pos_emb = self.hf_apply_rotary_pos_emb()
-            cos, sin = self.hf_cos_sin(length, batch, q)
+            cos, sin = self.hf_cos_sin(length, batch, q, inv_freq)
             fn = lambda: apply_rotary_pos_emb(q, k, cos, sin)  # noqa: E731
         else:
             raise ValueError(f"unknown RoPE path {path!r}")
@@ -576,16 +588,21 @@ class Runner:
         self.first_call_s[f"{task.scheme}/{task.path}/{task.pass_}/{length}"] = round(time.perf_counter() - t0, 3)
         if len(got) != len(reference):
             raise SkipPath(f"check failed: {len(got)} results against {len(reference)} from the reference")
-        tol = 0.0 if task.scheme == "copy" else TOLERANCE[self.dtype]
+        tol = TOLERANCE[self.dtype]
         error = 0.0
         for g, r in zip(got, reference):
             if g is None:
                 raise SkipPath("check failed: the path gives no gradient where the reference does")
-            error = max(error, float((g.float() - r.float()).abs().max()))
-            try:
-                torch.testing.assert_close(g.float(), r.float(), atol=tol, rtol=tol)
-            except AssertionError:
-                raise SkipPath(f"check failed: differs from the reference by up to {error:.3g} (tolerance {tol:g})") from None
+            g, r = g.float(), r.float()
+            error = max(error, float((g - r).abs().max()))
+            if task.scheme == "copy":
+                agrees = torch.equal(g, r)
+            elif self.dtype == torch.float32:
+                agrees = bool(torch.isclose(g, r, atol=tol, rtol=tol).all())
+            else:
+                agrees = float(torch.linalg.vector_norm(g - r)) <= tol * float(torch.linalg.vector_norm(r))
+            if not agrees:
+                raise SkipPath(f"check failed: differs from the reference by up to {error:.3g} (tolerance {tol:g})")
         return error, length
 
     # ----------------------------------------------------------------- one task
@@ -709,7 +726,7 @@ def collect_metadata(preset: str | Preset, device: torch.device, dtype: torch.dt
     status = _git("status", "--porcelain")
     return {
         "preset": preset.name,
-        "config": dataclasses.asdict(preset),
+        "config": json.loads(json.dumps(dataclasses.asdict(preset))),
         "device": {
             "type": device.type,
             "name": gpu["name"] if device.type == "cuda" else _cpu_name(),
@@ -764,6 +781,9 @@ def run(
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     tasks = plan(preset, memory, dtype)
     if schemes is not None:
+        unknown = sorted(set(schemes) - set(ALL_SCHEMES))
+        if unknown:
+            raise ValueError(f"unknown schemes {unknown}; the benchmark measures {', '.join(ALL_SCHEMES)}")
         keep = set(schemes) | {BASELINE[0]}
         tasks = [t for t in tasks if t.scheme in keep and (t.scheme != BASELINE[0] or BASELINE[0] in schemes or t.path == BASELINE[1])]
     limit = preset.max_bytes if preset.max_bytes is not None else memory // 2
@@ -790,6 +810,7 @@ def run(
         first_call_s=runner.first_call_s,
         schemes=None if schemes is None else sorted(set(schemes)),
     )
+    meta = json.loads(json.dumps(meta))  # as the file holds it: lists, not tuples
     if out is not None:
         write_results(rows, meta, out)
     return rows, meta
@@ -850,13 +871,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--out", default="chapters/results", help="folder for benchmark_<preset>.csv and .json (default: %(default)s)")
     parser.add_argument("--compile-flex", action="store_true", help="also measure compiled FlexAttention where the preset leaves it out")
+    parser.add_argument("--schemes", nargs="+", choices=ALL_SCHEMES, help="measure only these schemes (the baseline is always measured)")
     parser.add_argument("--quiet", action="store_true", help="do not print one line per measurement")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.compile_flex:
         preset = dataclasses.replace(preset, compile_flex=True)
     try:
-        rows, meta = run(preset, args.out, log=None if args.quiet else lambda line: print(line, flush=True))
+        schemes = None if args.schemes is None else tuple(args.schemes)
+        rows, meta = run(preset, args.out, schemes=schemes, log=None if args.quiet else lambda line: print(line, flush=True))
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,218 @@
+"""The cost benchmark (posenc.benchmark): paths agree with the explicit one, skips carry reasons, files are tidy.
+
+Everything runs on the CPU with the tiny preset (seconds). No test looks at how long
+anything took: timings are only checked to be well formed.
+"""
+
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+import posenc.benchmark as bench
+
+TINY = bench.PRESETS["tiny"]
+CPU = torch.device("cpu")
+ATTENTION = [(scheme, path) for scheme, paths in bench.SCHEME_PATHS.items() for path in paths]
+FLEX = (*bench.FLEX_PATHS, "flex_eager")
+NO_CPU_BACKWARD = "FlexAttention does not support backward on CPU"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    rows, meta = bench.run("tiny", out)
+    return rows, meta, out
+
+
+def expected_skip(row) -> str | None:
+    """The reasons the tiny preset may skip a row on a CPU; None where it must run."""
+    if row["path"] in FLEX and row["pass"] == bench.BACKWARD and not torch.cuda.is_available():
+        return NO_CPU_BACKWARD
+    if row["path"] == "hf_eager":
+        return "left out of the tiny preset"
+    return None
+
+
+def test_every_planned_measurement_has_one_row(tiny_run):
+    rows, _, _ = tiny_run
+    keys = [(r["scheme"], r["path"], r["pass"], r["seq_len"], r["batch"]) for r in rows]
+    assert len(keys) == len(set(keys))  # one row per measurement
+    planned = {(t.scheme, t.path, t.pass_, t.seq_len, t.batch) for t in bench.plan("tiny")}
+    assert planned | {("matmul", "mm", bench.FORWARD, TINY.matmul_size, 1)} == set(keys)
+    for length in TINY.lengths:
+        for scheme, path in ATTENTION:
+            for pass_ in bench.PASSES:
+                assert (scheme, path, pass_, length, TINY.batch) in planned
+
+
+def test_each_path_runs_and_agrees_with_the_explicit_path(tiny_run):
+    rows, _, _ = tiny_run
+    for row in rows:
+        why = expected_skip(row)
+        if why is not None:
+            assert row["status"] == "skipped" and why in row["reason"], row
+            continue
+        assert row["status"] == "ok", row
+        if row["scheme"] == "matmul":
+            continue
+        assert row["check_seq_len"] == row["seq_len"]
+        assert row["max_abs_err"] <= bench.TOLERANCE[torch.float32], row
+        assert row["q25_ms"] <= row["median_ms"] <= row["q75_ms"] and row["repeats"] == TINY.repeats
+        if row["path"] not in FLEX:
+            assert row["peak_mem_bytes"] > 0 and row["reason"] == "", row
+        else:  # the CPU counter cannot enter FlexAttention: said so, with the time still measured
+            assert row["peak_mem_bytes"] is None and "peak memory not measured" in row["reason"]
+
+
+def test_skipped_rows_carry_reasons(tiny_run):
+    rows, _, _ = tiny_run
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert skipped, "the tiny preset on a CPU skips flex backward and the Hugging Face path"
+    for row in skipped:
+        assert row["reason"].strip() and row["median_ms"] is None and row["peak_mem_bytes"] is None
+
+
+def test_the_csv_is_tidy(tiny_run):
+    rows, _, out = tiny_run
+    csv_path, _ = bench.result_paths(out, "tiny")
+    with csv_path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        lines = list(reader)
+    assert tuple(header) == bench.COLUMNS
+    assert len(lines) == len(rows) and all(len(line) == len(header) for line in lines)
+    records = [dict(zip(header, line)) for line in lines]
+    for r in records:
+        assert r["preset"] == "tiny" and r["status"] in ("ok", "skipped")
+        assert r["pass"] in bench.PASSES and r["dtype"] == "float32"
+        for column in ("seq_len", "batch", "heads", "head_dim"):
+            assert int(r[column]) > 0
+        for column in ("median_ms", "q25_ms", "q75_ms", "peak_mem_bytes", "flops", "bytes_moved", "max_abs_err"):
+            assert r[column] == "" or math.isfinite(float(r[column]))
+        assert (r["median_ms"] == "") == (r["status"] == "skipped")
+
+
+def test_the_metadata_is_complete(tiny_run):
+    _, meta, out = tiny_run
+    _, json_path = bench.result_paths(out, "tiny")
+    assert json.loads(json_path.read_text()) == meta
+    for key in ("preset", "config", "device", "dtype", "versions", "git", "date", "threads", "platform", "timer", "memory", "baseline", "block_fractions", "elapsed_s"):
+        assert key in meta, key
+    assert meta["preset"] == "tiny" and meta["dtype"] == "float32" and meta["threads"] == TINY.threads == 1
+    assert meta["config"] == json.loads(json.dumps(dataclasses.asdict(TINY)))
+    assert set(meta["device"]) == {"type", "name", "capability", "total_memory_bytes"} and meta["device"]["type"] == "cpu"
+    assert {"python", "torch", "cuda_runtime", "cuda_driver", "transformers", "posenc"} <= set(meta["versions"])
+    assert meta["versions"]["torch"] == torch.__version__
+    assert datetime.datetime.fromisoformat(meta["date"]).tzinfo is not None
+    commit = meta["git"]["commit"]
+    assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
+    assert meta["timer"] == "time.perf_counter" and meta["baseline"] == {"scheme": "nope", "path": "sdpa_causal"}
+    assert bench.read_metadata(out, "tiny") == meta and bench.read_metadata(out, "no-such-preset") is None
+
+
+def test_a_path_that_disagrees_is_skipped_by_its_check(monkeypatch):
+    runner = bench.Runner(TINY, CPU, torch.float32)
+    good = runner.attention_fn
+
+    def slightly_wrong(scheme, path, length):
+        fn = good(scheme, path, length)
+        return fn if path == "explicit" else (lambda q, k, v: fn(q, k, v) * 1.01)
+
+    monkeypatch.setattr(runner, "attention_fn", slightly_wrong)
+    task = bench.Task("alibi", "sdpa_mask", bench.FORWARD, 64, 1)
+    with pytest.raises(bench.SkipPath, match="check failed"):
+        runner.check(task, lambda length: True)
+    row = runner.execute(task, lambda t, length: True)
+    assert row["status"] == "skipped" and row["reason"].startswith("check failed")
+
+
+@pytest.mark.parametrize("scheme,path", [(s, p) for s, p in ATTENTION if p not in bench.FLEX_PATHS])
+def test_each_path_matches_its_reference_forward_and_backward(scheme, path):
+    runner = bench.Runner(TINY, CPU, torch.float32)
+    for pass_ in bench.PASSES:
+        if path == "flex_eager" and pass_ == bench.BACKWARD:
+            continue  # no FlexAttention backward on the CPU
+        error, length = runner.check(bench.Task(scheme, path, pass_, 64, 1), lambda length: True)
+        assert length == 64 and error <= bench.TOLERANCE[torch.float32]
+
+
+def test_gpu_preset_configuration_and_plan():
+    gpu = bench.PRESETS["gpu"]
+    assert gpu.device == "cuda" and gpu.lengths == (512, 1024, 2048, 4096, 8192, 16384) and gpu.long_lengths == (32768,)
+    assert gpu.compile_flex and not gpu.flex_eager and gpu.max_bytes is None
+    assert bench.choose_dtype(torch.device("cuda"), bf16_supported=True) == torch.bfloat16
+    assert bench.choose_dtype(torch.device("cuda"), bf16_supported=False) == torch.float16  # Colab's free T4
+    assert bench.choose_dtype(CPU) == torch.float32
+    with pytest.raises(ValueError, match="device_memory"):
+        bench.plan(gpu)
+    tasks = bench.plan(gpu, device_memory=80 * 2**30, dtype=torch.bfloat16)
+    by_key = {(t.scheme, t.path, t.pass_, t.seq_len): t for t in tasks}
+    assert {t.batch for t in tasks if t.seq_len == 32768} == {1} and {t.batch for t in tasks if t.seq_len < 32768} == {gpu.batch}
+    for length in (*gpu.lengths, *gpu.long_lengths):
+        for pass_ in bench.PASSES:
+            assert by_key[("nope", "sdpa_causal", pass_, length)].skip is None  # the baseline runs at every length
+            assert by_key[("alibi", "flex", pass_, length)].skip is None
+            assert "materialises" in by_key[("alibi", "flex_eager", pass_, length)].skip
+    assert by_key[("nope", "explicit", bench.FORWARD, 512)].skip is None
+    assert "GiB by estimate" in by_key[("nope", "explicit", bench.FORWARD, 16384)].skip  # (B, H, L, L) float32 scores
+    assert all(t.skip is None or t.skip.strip() for t in tasks)
+
+
+def test_cpu_preset_states_its_threads_and_skips():
+    cpu = bench.PRESETS["cpu"]
+    assert cpu.threads == 1 and cpu.lengths == (256, 512, 1024, 2048)
+    tasks = bench.plan(cpu)
+    assert all("--compile-flex" in t.skip for t in tasks if t.path in bench.FLEX_PATHS)
+    assert all(t.skip is None for t in tasks if t.path in ("explicit", "sdpa_causal", "sdpa_mask", "flex_eager"))
+
+
+def test_metadata_logic_without_a_gpu():
+    info = bench.cuda_info(CPU)
+    assert set(info) == {"name", "capability", "total_memory_bytes", "cuda_runtime", "cuda_driver", "cudnn"}
+    assert info["name"] is None and info["capability"] is None and info["cuda_driver"] is None
+    meta = bench.collect_metadata("gpu", CPU, torch.bfloat16)  # the gpu preset's metadata logic, run on a CPU
+    assert meta["preset"] == "gpu" and meta["dtype"] == "bfloat16" and meta["config"]["long_lengths"] == [32768]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_preset_refuses_to_run_without_a_gpu(capsys):
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        bench.run("gpu")
+    assert bench.main(["--preset", "gpu", "--quiet"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_command_line_writes_both_files(tmp_path):
+    assert bench.main(["--preset", "tiny", "--schemes", "copy", "--out", str(tmp_path), "--quiet"]) == 0
+    csv_path, json_path = bench.result_paths(tmp_path, "tiny")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert {(r["scheme"], r["path"]) for r in rows} == {("copy", "clone"), ("nope", "sdpa_causal"), ("matmul", "mm")}
+    assert json.loads(json_path.read_text())["schemes"] == ["copy"]
+
+
+def test_time_budget_skips_with_a_reason():
+    rows, _ = bench.run(dataclasses.replace(TINY, time_budget_s=0.0), schemes=("copy",))
+    timed = [r for r in rows if r["scheme"] != "matmul"]
+    assert timed and all(r["status"] == "skipped" and "time budget" in r["reason"] for r in timed)
+
+
+def test_summary_is_median_and_quartiles():
+    assert bench.summarize([3.0, 1.0, 2.0, 4.0, 5.0]) == (3.0, 2.0, 4.0)
+    assert bench.summarize([2.0]) == (2.0, 2.0, 2.0)
+
+
+def test_hugging_face_rope_path_agrees_or_says_it_is_missing(monkeypatch):
+    preset = dataclasses.replace(TINY, hf_rope=True, compile_rope=False)
+    task = bench.Task("rope", "hf_eager", bench.FORWARD, 64, 1)
+    pytest.importorskip("transformers")
+    row = bench.Runner(preset, CPU, torch.float32).execute(task, lambda t, length: True)
+    assert row["status"] == "ok" and row["max_abs_err"] <= 1e-5, row
+    monkeypatch.setitem(sys.modules, "transformers.models.llama.modeling_llama", None)  # as if not installed
+    row = bench.Runner(preset, CPU, torch.float32).execute(task, lambda t, length: True)
+    assert row["status"] == "skipped" and "transformers is not installed" in row["reason"]
