@@ -32,8 +32,9 @@ def content_vector(dim: int, seed: int = 0) -> torch.Tensor:
 
 def _width(scheme: Scheme, dim: int | None, num_heads: int | None) -> tuple[int, int]:
     """The content width and head count a scheme fixes (its dim or head_dim, its heads), else the defaults."""
-    own_dim = getattr(scheme, "dim", None) or getattr(scheme, "head_dim", None)
-    own_heads = getattr(scheme, "num_heads", None)
+    inner = getattr(scheme, "inner", None)  # a sliding window takes its sizes from the scheme it wraps
+    own_dim = getattr(scheme, "dim", None) or getattr(scheme, "head_dim", None) or getattr(inner, "dim", None) or getattr(inner, "head_dim", None)
+    own_heads = getattr(scheme, "num_heads", None) or getattr(inner, "num_heads", None)
     for name, given, own in (("dim", dim, own_dim), ("num_heads", num_heads, own_heads)):
         if given is not None and own is not None and given != own:
             raise ValueError(f"{name}={given} does not match the scheme's {name} {own}")

@@ -21,6 +21,7 @@ import csv
 import datetime as dt
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -75,7 +76,7 @@ class Preset:
 PRESETS = {
     # seconds: the tests and the chapter's live slice
     "smoke": Preset("smoke", dim=32, num_heads=4, num_layers=2, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
-                    corpus_bytes=300_000, eval_count=4, passkey_dim=32, passkey_steps=20, passkey_count=8, eval_factors=(1, 2), depths=(0.0, 1.0), threads=1),
+                    corpus_bytes=1_000_000, eval_count=4, passkey_dim=32, passkey_steps=20, passkey_count=8, eval_factors=(1, 2), depths=(0.0, 1.0), threads=1),
     # the whole study in minutes on a 2-core CPU, one thread
     "cpu": Preset("cpu", dim=32, num_heads=4, num_layers=2, train_len=32, steps=300, batch_size=32, lr=3e-3, seeds=(0, 1),
                   corpus_bytes=4_000_000, eval_count=64, passkey_dim=64, passkey_steps=1600, passkey_count=64, threads=1),
@@ -230,6 +231,25 @@ def finished_runs(csv_path: Path) -> set[tuple[str, str, int]]:
         return {(r["task"], r["run"], int(r["seed"])) for r in csv.DictReader(f)}
 
 
+def cpu_model() -> str:
+    """The processor's name where the system says it (Linux), else platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_load() -> list[float] | None:
+    """1, 5 and 15 minute load averages (how busy the machine was: timings depend on it), where the OS has them."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def progress(done: int, total: int, text: str) -> None:
     width = 30
     filled = round(width * done / total) if total else width
@@ -255,7 +275,8 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
         "preset": asdict(preset), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_commit": git_commit(),
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": preset.device if preset.device == "cpu" else torch.cuda.get_device_name(0), "dtype": "float32",
-        "threads": torch.get_num_threads(), **corpus.describe(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "load_at_start": machine_load(),
+        **corpus.describe(),
     })
     meta.setdefault("wall_seconds", {})
     done = finished_runs(csv_path)
@@ -276,6 +297,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
             json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         if not quiet:
             progress(len(todo), len(todo), "done")
+    meta["load_at_end"] = machine_load()
     json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return csv_path, json_path
 

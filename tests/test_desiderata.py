@@ -58,3 +58,8 @@ def test_a_sliding_window_puts_no_weight_past_it():
     plain = posenc.desiderata(posenc.Rope(64), train_len=64, test_len=256)
     assert windowed["far_weight"] == 0.0 < plain["far_weight"]
     assert {k: windowed[k] for k in ("distinct", "decay", "drift")} == {k: plain[k] for k in ("distinct", "decay", "drift")}
+
+
+def test_a_window_takes_its_sizes_from_the_scheme_it_wraps():
+    assert posenc.position_logits(posenc.SlidingWindow(4, posenc.ALiBi(3)), 10).shape == (3, 10, 10)
+    assert posenc.desiderata(posenc.SlidingWindow(4, posenc.Rope(8)), 16, 32)["far_weight"] == 0.0

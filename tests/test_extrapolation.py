@@ -92,7 +92,7 @@ def test_study_writes_tidy_results_and_resumes(tmp_path):
     assert set(rows[0]) == {"run", *xp.COLUMNS}
     assert {r["task"] for r in rows} == {"lm", "passkey"}
     meta = json.loads(json_path.read_text())
-    for key in ("device", "dtype", "torch", "git_commit", "preset", "corpus_sha256", "corpus_bytes", "wall_seconds", "date"):
+    for key in ("device", "dtype", "torch", "git_commit", "preset", "corpus_sha256", "corpus_bytes", "wall_seconds", "date", "cpu_count", "cpu_model", "load_at_start", "load_at_end", "threads"):
         assert key in meta
     assert set(meta["wall_seconds"]) == {"lm/alibi/0", "lm/learned/0", "passkey/alibi/0", "passkey/learned/0"}
     xp.study(preset, tmp_path, tasks=("lm", "passkey"), labels=["alibi", "learned"], quiet=True)  # nothing left to run
