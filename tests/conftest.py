@@ -1,46 +1,6 @@
 import pytest
 import torch
 
-import posenc
-
-# constructor arguments of every registered scheme, for tests that run them all
-SCHEME_ARGS = {
-    "nope": lambda head_dim, heads: {},
-    "sinusoidal": lambda head_dim, heads: {"dim": head_dim},
-    "rope": lambda head_dim, heads: {"head_dim": head_dim},
-    "alibi": lambda head_dim, heads: {"num_heads": heads},
-    "learned": lambda head_dim, heads: {"max_len": 64, "dim": head_dim},
-    "recurrent": lambda head_dim, heads: {"dim": head_dim},
-    "shaw": lambda head_dim, heads: {"head_dim": head_dim, "max_distance": 3, "values": False, "init_std": 0.5},
-    "t5": lambda head_dim, heads: {"num_heads": heads, "num_buckets": 8, "max_distance": 12, "init_std": 0.5},
-    "sliding_window": lambda head_dim, heads: {"window": 3, "inner": posenc.Rope(head_dim)},
-}
-EXTRA_VARIANTS = [
-    ("rope", {"layout": "interleaved"}),
-    ("rope", {"base": 500000.0}),
-    ("shaw", {"values": True}),
-    ("shaw", {"values": True, "method": "naive"}),
-    ("t5", {"bidirectional": False}),
-    ("rope", {"rope_type": "linear", "factor": 4.0}),
-    ("rope", {"rope_type": "ntk", "factor": 4.0}),
-    ("rope", {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 64}),
-    ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
-    ("rope", {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 8}),
-    ("sliding_window", {"window": 1}),
-    ("sliding_window", {"window": 4, "inner": None}),
-    ("sliding_window", {"window": 4, "inner": posenc.ALiBi(4)}),
-]
-
-
-def every_scheme(head_dim: int = 16, heads: int = 4) -> list[posenc.Scheme]:
-    schemes = [posenc.make_scheme(name, **SCHEME_ARGS[name](head_dim, heads)) for name in posenc.SCHEMES]
-    schemes += [posenc.make_scheme(name, **{**SCHEME_ARGS[name](head_dim, heads), **extra}) for name, extra in EXTRA_VARIANTS]
-    return schemes
-
-
-def scheme_id(s: posenc.Scheme) -> str:
-    return f"{s.name}({s.extra_repr()})"
-
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from conftest import SCHEME_ARGS, every_scheme, scheme_id
+from scheme_cases import SCHEME_ARGS, every_scheme, scheme_id
 
 SCHEMES = every_scheme()
 TOL = {"atol": 2e-5, "rtol": 1e-5}
