@@ -59,6 +59,7 @@ from .masks import window_mask_mod
 from .memory import cuda_peak_memory, peak_memory
 from .relative import t5_relative_bucket
 from .rope import apply_rope, rope_frequencies
+from .runinfo import cpu_model, git_state, load_average
 from .schemes import ALiBi, NoPE, Scheme, ShawRelative, SlidingWindow, T5Bias
 
 FORWARD, BACKWARD = "forward", "forward+backward"
@@ -676,24 +677,6 @@ def _first_line(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- metadata
 
 
-def _git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cuda_info(device: torch.device) -> dict:
     """Name, capability, memory, CUDA runtime and driver of a GPU; the same keys, all None, elsewhere."""
     info = {"name": None, "capability": None, "total_memory_bytes": None, "cuda_runtime": torch.version.cuda, "cuda_driver": None, "cudnn": None}
@@ -722,14 +705,13 @@ def collect_metadata(preset: str | Preset, device: torch.device, dtype: torch.dt
     from . import __version__
 
     gpu = cuda_info(device)
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain")
+    commit, dirty = git_state()
     return {
         "preset": preset.name,
         "config": json.loads(json.dumps(dataclasses.asdict(preset))),
         "device": {
             "type": device.type,
-            "name": gpu["name"] if device.type == "cuda" else _cpu_name(),
+            "name": gpu["name"] if device.type == "cuda" else cpu_model(),
             "capability": gpu["capability"] if device.type == "cuda" else torch.backends.cpu.get_cpu_capability(),
             "total_memory_bytes": gpu["total_memory_bytes"],
         },
@@ -743,13 +725,13 @@ def collect_metadata(preset: str | Preset, device: torch.device, dtype: torch.dt
             "transformers": transformers_version,
             "posenc": __version__,
         },
-        "git": {"commit": commit, "dirty": None if status is None else bool(status)},
+        "git": {"commit": commit, "dirty": dirty},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
-        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_start": load_average(),
         "timer": "CUDA events" if device.type == "cuda" else "time.perf_counter",
         "memory": "torch.cuda.max_memory_allocated above the bytes allocated before the call (posenc.memory.cuda_peak_memory)"
         if device.type == "cuda"
@@ -803,7 +785,7 @@ def run(
         rows.append(_matmul_row(preset, device, dtype, log))
     meta.update(
         elapsed_s=round(time.perf_counter() - runner.start, 1),
-        load_average_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        load_average_end=load_average(),
         baseline_backend=runner.baseline_backend if device.type == "cuda" else "torch's default CPU kernel",
         block_size=128,
         block_fractions=runner.block_fractions,

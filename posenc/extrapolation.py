@@ -23,7 +23,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -34,6 +33,7 @@ import torch
 from .corpus import VOCAB_SIZE, load_corpus, eval_windows, sample_windows
 from .model import TinyTransformer, train
 from .passkey import passkey_accuracy, training_batches
+from .runinfo import cpu_model, git_state, load_average
 from .schemes import Rope
 
 TASKS = ("lm", "passkey")
@@ -214,14 +214,9 @@ def run(task: str, label: str, seed: int, preset: Preset, corpus=None) -> list[d
 # --- the study: runs, resume, files ---------------------------------------------------------------
 
 def git_commit() -> str:
-    """HEAD of the repository posenc runs from, with "-dirty" when posenc/ has uncommitted changes; "unknown" outside git."""
-    here = Path(__file__).parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True, cwd=here).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("-dirty" if dirty else "")
+    """HEAD, with "-dirty" when posenc/ has uncommitted changes; "unknown" outside git."""
+    commit, dirty = git_state(".")
+    return "unknown" if commit is None else commit + ("-dirty" if dirty else "")
 
 
 def finished_runs(csv_path: Path) -> set[tuple[str, str, int]]:
@@ -229,25 +224,6 @@ def finished_runs(csv_path: Path) -> set[tuple[str, str, int]]:
         return set()
     with csv_path.open() as f:
         return {(r["task"], r["run"], int(r["seed"])) for r in csv.DictReader(f)}
-
-
-def cpu_model() -> str:
-    """The processor's name where the system says it (Linux), else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_load() -> list[float] | None:
-    """1, 5 and 15 minute load averages (how busy the machine was: timings depend on it), where the OS has them."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 def progress(done: int, total: int, text: str) -> None:
@@ -275,7 +251,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
         "preset": asdict(preset), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_commit": git_commit(),
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": preset.device if preset.device == "cpu" else torch.cuda.get_device_name(0), "dtype": "float32",
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "load_at_start": machine_load(),
+        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "load_at_start": load_average(),
         **corpus.describe(),
     })
     meta.setdefault("wall_seconds", {})
@@ -297,7 +273,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
             json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         if not quiet:
             progress(len(todo), len(todo), "done")
-    meta["load_at_end"] = machine_load()
+    meta["load_at_end"] = load_average()
     json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return csv_path, json_path
 

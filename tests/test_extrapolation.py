@@ -4,7 +4,6 @@ import json
 import pytest
 import torch
 
-import posenc
 from posenc import corpus as corpus_mod
 from posenc import extrapolation as xp
 from posenc import passkey as pk

@@ -1,5 +1,4 @@
 import importlib.util
-import math
 
 import pytest
 import torch
