@@ -705,7 +705,7 @@ def collect_metadata(preset: str | Preset, device: torch.device, dtype: torch.dt
     from . import __version__
 
     gpu = cuda_info(device)
-    commit, dirty = git_state()
+    commit, dirty = git_state(".")  # uncommitted changes to the package code, not to results being written
     return {
         "preset": preset.name,
         "config": json.loads(json.dumps(dataclasses.asdict(preset))),
