@@ -27,6 +27,17 @@ def positive_int(name: str, value, *, even: str | None = None) -> int:
     return value
 
 
+def non_negative_int(name: str, value, below: int | None = None) -> int:
+    """An int >= 0 (a count, an offset, a seed), and below `below` when given."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a non-negative integer, got {value!r} ({type(value).__name__})")
+    if below is None and value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value}")
+    if below is not None and not 0 <= value < below:
+        raise ValueError(f"{name} must be an integer in [0, {below}), got {value}")
+    return value
+
+
 def positive_float(name: str, value, *, minimum: float = 0.0, inclusive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import as_positions, positive_int
+from ._checks import as_positions, non_negative_int, positive_int
 from .alibi import relative_distance
 
 
@@ -44,15 +44,6 @@ def sliding_window_mask(q_len: int, k_len: int, window: int) -> torch.Tensor:
     return window_mask(q_pos, k_pos, window)
 
 
-def _count(name: str, value) -> int:
-    """A non-negative integer (a number of sinks, an offset), else a named error."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a non-negative integer, got {value!r} ({type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value}")
-    return value
-
-
 def window_mask_with_sinks(q_positions, k_positions, window: int, num_sinks: int) -> torch.Tensor:
     """(len(q), len(k)) boolean mask: the causal window of `window` keys plus the first `num_sinks` positions.
 
@@ -62,7 +53,7 @@ def window_mask_with_sinks(q_positions, k_positions, window: int, num_sinks: int
     query; num_sinks=0 gives window_mask.
     """
     positive_int("window", window)
-    _count("num_sinks", num_sinks)
+    non_negative_int("num_sinks", num_sinks)
     causal = causal_mask(q_positions, k_positions)
     k = as_positions("k_positions", k_positions, integer=True).to(causal.device)
     return window_mask(q_positions, k_positions, window) | (causal & (k < num_sinks)[None, :])
@@ -77,8 +68,8 @@ def window_mask_mod(window: int, num_sinks: int = 0, q_offset: int = 0) -> Calla
     rules out without ever materialising the mask.
     """
     positive_int("window", window)
-    _count("num_sinks", num_sinks)
-    _count("q_offset", q_offset)
+    non_negative_int("num_sinks", num_sinks)
+    non_negative_int("q_offset", q_offset)
 
     def sliding_window(b, h, q_idx, kv_idx):
         i = q_idx + q_offset

@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from ._checks import positive_int
+from .tasks import IGNORE_INDEX
 
 FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 KEY_MARK, QUERY_MARK = ord("#"), ord("?")
-IGNORE_INDEX = -100
 
 
 def _layout(length: int, digits: int) -> int:

@@ -13,19 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import positive_int
+from ._checks import non_negative_int, positive_int
 
 IGNORE_INDEX = -100  # targets with this value are skipped by cross_entropy, hence by posenc.train
 # torch's CPU generator keeps only the low 32 bits of a seed: (seed, step) is packed into 32 bits, one to one
 SEED_BITS, STEP_BITS = 10, 22
-
-
-def _non_negative_int(name: str, value, below: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a non-negative integer, got {value!r} ({type(value).__name__})")
-    if not 0 <= value < below:
-        raise ValueError(f"{name} must be an integer in [0, {below}), got {value}")
-    return value
 
 
 def _device(device) -> torch.device:
@@ -53,8 +45,8 @@ def lag_copy(step: int, vocab_size: int = 16, length: int = 64, batch_size: int 
     training for held-out batches, and a larger `length` to test positions never
     trained.
     """
-    _non_negative_int("step", step, 2**STEP_BITS)
-    _non_negative_int("seed", seed, 2**SEED_BITS)
+    non_negative_int("step", step, 2**STEP_BITS)
+    non_negative_int("seed", seed, 2**SEED_BITS)
     if positive_int("vocab_size", vocab_size) < 2:
         raise ValueError(f"vocab_size must be at least 2 (one token carries no information), got {vocab_size}")
     positive_int("batch_size", batch_size)
