@@ -76,6 +76,16 @@ def distinctness(logits: torch.Tensor) -> float:
 
 
 @torch.no_grad()
+def diagonal_spread(matrix: torch.Tensor, causal: bool = False) -> float:
+    """Largest max - min along any diagonal j - i = const of a (..., n, n) matrix (only j <= i if causal).
+
+    Zero exactly when matrix[i, j] depends on j - i alone: the test of a relative scheme.
+    """
+    n = matrix.shape[-1]
+    return max((matrix.diagonal(o, -2, -1).max() - matrix.diagonal(o, -2, -1).min()).item() for o in range(-n + 1, 1 if causal else n))
+
+
+@torch.no_grad()
 def similarity_by_distance(logits: torch.Tensor) -> torch.Tensor:
     """Mean logit between a query and the key `d` positions before it, for d = 0..L-1 (averaged over heads)."""
     length = logits.shape[-1]

@@ -63,3 +63,11 @@ def test_a_sliding_window_puts_no_weight_past_it():
 def test_a_window_takes_its_sizes_from_the_scheme_it_wraps():
     assert posenc.position_logits(posenc.SlidingWindow(4, posenc.ALiBi(3)), 10).shape == (3, 10, 10)
     assert posenc.desiderata(posenc.SlidingWindow(4, posenc.Rope(8)), 16, 32)["far_weight"] == 0.0
+
+
+def test_diagonal_spread_is_zero_exactly_for_a_function_of_j_minus_i():
+    i, j = torch.meshgrid(torch.arange(6.0), torch.arange(6.0), indexing="ij")
+    assert posenc.diagonal_spread((j - i) ** 2) == 0.0
+    assert posenc.diagonal_spread(i * j) > 0
+    upper_noise = torch.triu(torch.rand(6, 6), diagonal=1)
+    assert posenc.diagonal_spread(-(i - j).abs() + upper_noise, causal=True) == 0.0
