@@ -1,46 +1,75 @@
-"""A key/value cache for decoding one token at a time, optionally rolling (a sliding window)."""
+"""A key/value cache for decoding, token by token or chunk by chunk; rolling for a sliding window."""
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import as_positions, positive_int
-from .attention import attention
-from .schemes import NoPE, Scheme
+from ._checks import as_positions
+from .core import attention
+from .scheme import NoPE, Scheme
 
 
 class KVCache:
     """Keys (already through the scheme's query/key transform, as real decoders store them), values, positions.
 
-    With `window=W` it keeps only the last W entries: a rolling cache whose
-    memory stays O(W) however long the sequence, for sliding-window attention.
+    For a scheme with a window of W keys (SlidingWindow) the cache rolls: after each
+    append of n entries it keeps the W - 1 entries before them and the n themselves,
+    which is exactly what the chunk's queries can see, so memory stays O(W + n) however
+    long the stream, and a prefill of any chunk size gives the outputs of one full pass.
+    With attention sinks (`SlidingWindow(..., num_sinks=S)`) the first S entries are
+    kept as well. Each cached key keeps the position it was appended at: under RoPE a
+    sink's key stays rotated by its original position, so the distance from a late
+    query to a sink grows with the stream (StreamingLLM instead re-numbers positions
+    inside the cache; posenc does not).
     """
 
-    def __init__(self, scheme: Scheme | None = None, window: int | None = None):
+    def __init__(self, scheme: Scheme | None = None):
         self.scheme = NoPE() if scheme is None else scheme
-        self.window = None if window is None else positive_int("window", window)
-        self.keys = self.values = None
-        self.positions = torch.zeros(0, dtype=torch.long)
+        if not isinstance(self.scheme, Scheme):
+            raise TypeError(f"scheme must be a posenc Scheme or None, got {type(scheme).__name__}")
+        self.keys = self.values = self.positions = None
 
     def __len__(self) -> int:
-        return len(self.positions)
+        return 0 if self.positions is None else self.positions.shape[-1]
 
     def append(self, k: torch.Tensor, v: torch.Tensor, positions) -> None:
-        """Add keys and values (batch, heads, n, head_dim) at `positions` (n,)."""
-        p = as_positions("positions", positions, integer=True).reshape(-1)
-        if k.ndim != 4 or k.shape != v.shape[:3] + (k.shape[3],) or k.shape[2] != len(p):
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch, heads, n, head_dim) with n = len(positions) = {len(p)}")
-        k = self.scheme.transform_qk(k, p)
-        self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=2)
-        self.values = v if self.values is None else torch.cat((self.values, v), dim=2)
-        self.positions = torch.cat((self.positions, p.to(self.positions.device)))
-        if self.window is not None and len(self.positions) > self.window:
-            self.keys, self.values = self.keys[:, :, -self.window :], self.values[:, :, -self.window :]
-            self.positions = self.positions[-self.window :]
+        """Add keys and values (batch, heads, n, head_dim) at `positions`, (n,) or (batch, n)."""
+        p = as_positions("positions", positions, integer=True)
+        p = p.reshape(-1) if p.ndim <= 1 else p
+        if k.ndim != 4 or k.shape != v.shape[:3] + (k.shape[3],) or k.shape[2] != p.shape[-1] or (p.ndim == 2 and p.shape[0] != k.shape[0]):
+            raise ValueError(
+                f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch, heads, n, head_dim) with positions of shape (n,) or (batch, n); got positions {tuple(p.shape)}"
+            )
+        if self.positions is not None and p.ndim != self.positions.ndim:
+            raise ValueError(f"positions must keep one shape per cache: (n,) or (batch, n) throughout, got {tuple(p.shape)} after {tuple(self.positions.shape)}")
+        k = self.scheme.transform_qk(k, p.to(k.device))
+        if self.keys is None:
+            self.keys, self.values, self.positions = k, v, p.to(k.device)
+        else:
+            self.keys, self.values = torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)
+            self.positions = torch.cat((self.positions, p.to(self.positions.device)), dim=-1)
+        self._roll(k.shape[2])
+
+    def _roll(self, appended: int) -> None:
+        window, sinks = self.scheme.window, self.scheme.num_sinks
+        if window is None:
+            return
+        recent = window - 1 + appended  # what the newest chunk's queries can still see
+        if len(self) <= sinks + recent:
+            return
+        keep = torch.cat((torch.arange(sinks), torch.arange(len(self) - recent, len(self)))).to(self.keys.device)
+        self.keys, self.values = self.keys.index_select(2, keep), self.values.index_select(2, keep)
+        self.positions = self.positions.index_select(-1, keep.to(self.positions.device))
 
     def attend(self, q: torch.Tensor, positions, **kwargs) -> torch.Tensor:
-        """Attention of queries at `positions` against everything cached (causal by default)."""
+        """Attention of queries at `positions` ((n,) or (batch, n)) against everything cached (causal by default)."""
         if self.keys is None:
             raise ValueError("the cache is empty: append keys and values first")
-        p = as_positions("positions", positions, integer=True).reshape(-1)
+        p = as_positions("positions", positions, integer=True)
+        p = p.reshape(-1) if p.ndim <= 1 else p
         return attention(q, self.keys, self.values, self.scheme, q_positions=p, k_positions=self.positions, keys_transformed=True, **kwargs)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, **kwargs) -> torch.Tensor:
+        """Append a chunk's keys and values, then attend with its queries: one decoding or prefill step."""
+        self.append(k, v, positions)
+        return self.attend(q, positions, **kwargs)

@@ -19,8 +19,9 @@ import math
 import torch
 
 from ._checks import positive_int
-from .attention import attention_logits
-from .schemes import Scheme
+from .core import attention_logits
+from .scheme import Scheme
+from .score.masks import mask_matrix
 
 
 def content_vector(dim: int, seed: int = 0) -> torch.Tensor:
@@ -126,7 +127,7 @@ def far_attention(logits: torch.Tensor, train_len: int, mask: torch.Tensor | Non
 
     Distances never seen in training; uniform attention would put
     (L - train_len) / L there. `mask` (L, L), True where a query may attend
-    (a scheme's score_mask, e.g. a sliding window), restricts the softmax.
+    (a scheme's mask_mod as a matrix, e.g. a sliding window), restricts the softmax.
     """
     positive_int("train_len", train_len)
     row = logits[:, -1, :].double()
@@ -151,7 +152,7 @@ def desiderata(scheme: Scheme, train_len: int = 64, test_len: int = 256, dim: in
     long = position_logits(scheme, test_len, dim, num_heads)
     short = long[:, :train_len, :train_len]
     positions = torch.arange(test_len)
-    mask = scheme.score_mask(positions, positions)  # a sliding window: weights, not logits, see it
+    mask = None if scheme.mask_mod is None else mask_matrix(scheme.mask_mod, positions, positions)  # weights, not logits, see a window
     return {
         "distinct": distinctness(short),
         "decay": decay_score(similarity_by_distance(short)),

@@ -12,11 +12,9 @@ import torch
 from torch import nn
 
 from ._checks import as_positions, positive_int
-from .attention import attention
-from .schemes import SCHEMES, NoPE, Scheme, ShawRelative, make_scheme
+from .core import attention
+from .scheme import SCHEMES, NoPE, Scheme, make_scheme
 
-# schemes with parameters of their own in every layer; the others are built once and shared
-PER_LAYER = (ShawRelative,)
 EMBEDDING_STD = 1.0
 
 
@@ -59,9 +57,10 @@ class TinyTransformer(nn.Module):
     """Token embedding, the scheme's input code (if any), `num_layers` blocks, LayerNorm, output layer.
 
     `scheme` is a registry name (nope, sinusoidal, learned, recurrent, rope,
-    alibi, shaw, t5); `scheme_args` override its defaults. An input-hook scheme
-    is added to the embeddings once; a query/key or score scheme acts in every
-    layer (one shared instance, or one per layer for Shaw's learned tables).
+    alibi, shaw, t5, sliding_window); `scheme_args` override its defaults. An
+    input-hook scheme is added to the embeddings once; a query/key or score scheme
+    acts in every layer (one shared instance, or one per layer where the scheme says
+    `per_layer`, as Shaw's learned tables do).
     `max_len` sizes the learned table; other schemes accept any length.
     """
 
@@ -94,7 +93,7 @@ class TinyTransformer(nn.Module):
         layer_schemes = [first] * num_layers
         if first.hook == "input":
             layer_schemes = [NoPE()] * num_layers
-        elif isinstance(first, PER_LAYER) or isinstance(getattr(first, "inner", None), PER_LAYER):
+        elif first.per_layer:
             layer_schemes = [first] + [build_scheme(scheme, dim, num_heads, max_len, **args) for _ in range(num_layers - 1)]
         self.embed = nn.Embedding(vocab_size, dim)
         self.blocks = nn.ModuleList(Block(dim, num_heads, s, causal, backend, scale) for s in layer_schemes)
@@ -114,13 +113,17 @@ class TinyTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor, positions=None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits (batch, seq_len, vocab_size) for integer tokens (batch, seq_len); positions default to 0..seq_len-1."""
+        """Logits (batch, seq_len, vocab_size) for integer tokens (batch, seq_len).
+
+        positions are (seq_len,) or (batch, seq_len) (left padding, packed sequences);
+        they default to 0..seq_len-1.
+        """
         if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"tokens must be an integer tensor of shape (batch, seq_len), got {tuple(tokens.shape)} {tokens.dtype}")
-        length = tokens.shape[1]
+        batch, length = tokens.shape
         positions = torch.arange(length, device=tokens.device) if positions is None else as_positions("positions", positions, integer=True).to(tokens.device)
-        if positions.shape != (length,):
-            raise ValueError(f"positions must have shape ({length},), got {tuple(positions.shape)}")
+        if positions.shape not in ((length,), (batch, length)):
+            raise ValueError(f"positions must have shape ({length},) or ({batch}, {length}), got {tuple(positions.shape)}")
         x = self.embed(tokens)
         code = self.input_scheme.embed(positions)
         if code is not None:

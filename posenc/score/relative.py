@@ -1,7 +1,8 @@
-"""Learned relative positions: Shaw et al. (2018), T5's buckets (Raffel et al., 2020), Transformer-XL (Dai et al., 2019).
+"""Relative positions with learned vectors: Shaw et al. (2018), and Transformer-XL's relative logits (Dai et al., 2019).
 
-The pure functions here are the building blocks; the schemes in posenc.schemes
-(ShawRelative, T5Bias) wrap them as score hooks.
+The pure functions are the building blocks the chapter derives; `ShawRelative` is the
+score scheme, whose key term is one definition (a score_mod that reads the queries) and
+whose value term needs the attention weights (explicit backend only).
 """
 
 from __future__ import annotations
@@ -9,41 +10,12 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
-from ._checks import as_positions, choice, positive_int
-from .alibi import relative_distance
-from .masks import default_positions
+from .._checks import choice, positive_float, positive_int
+from ..positions import default_positions, relative_distance
+from ..scheme import Scheme, register
 
-
-def t5_relative_bucket(relative_position, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
-    """T5's bucket of each relative position (key_position - query_position), as in Hugging Face's T5Attention.
-
-    Half the buckets of a direction hold the distances 0, 1, 2, ... exactly; the
-    other half cover the distances up to `max_distance` on a log scale, and every
-    distance beyond it shares the last bucket. `bidirectional=True` (encoder)
-    gives keys after the query their own half of the buckets; `False` (decoder)
-    maps every key after the query to bucket 0 with distance 0.
-    """
-    positive_int("num_buckets", num_buckets, even="bidirectional buckets are split between keys before and after the query" if bidirectional else None)
-    positive_int("max_distance", max_distance)
-    per_direction = num_buckets // 2 if bidirectional else num_buckets
-    max_exact = per_direction // 2
-    if max_exact < 1:
-        raise ValueError(f"num_buckets must be at least {4 if bidirectional else 2} (bidirectional={bidirectional}), got {num_buckets}")
-    if max_distance <= max_exact:
-        raise ValueError(f"max_distance must exceed the {max_exact} exact buckets (num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}")
-    rel = as_positions("relative_position", relative_position, integer=True).long()
-    buckets = torch.zeros_like(rel)
-    if bidirectional:
-        buckets = buckets + (rel > 0).long() * per_direction
-        distance = rel.abs()
-    else:
-        distance = (-rel).clamp(min=0)
-    is_small = distance < max_exact
-    # float32 on purpose: the same rounding as the reference, so that every input gets the same bucket
-    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-    large = (max_exact + (log_ratio * (per_direction - max_exact)).long()).clamp(max=per_direction - 1)
-    return buckets + torch.where(is_small, distance, large)
 
 
 def shaw_relative_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
@@ -70,7 +42,7 @@ METHODS = ("gather", "naive")
 def shaw_key_scores(q: torch.Tensor, table: torch.Tensor, index: torch.Tensor, method: str = "gather") -> torch.Tensor:
     """q_i . a^K_{index[i, j]} for every query and key: (..., q_len, k_len).
 
-    q is (..., q_len, d); table (2k + 1, d); index (q_len, k_len).
+    q is (..., q_len, d); table (2k + 1, d); index (q_len, k_len), or broadcastable to the scores.
     "naive" builds the (q_len, k_len, d) tensor of relative embeddings, as the
     paper's equations read; "gather" multiplies q by the 2k + 1 table rows once
     and gathers, so its memory is that of the scores alone.
@@ -91,7 +63,7 @@ def shaw_value_term(weights: torch.Tensor, table: torch.Tensor, index: torch.Ten
     """
     choice("method", method, METHODS)
     if method == "naive":
-        return torch.einsum("...qk,qkd->...qd", weights, table[index].to(weights.dtype))
+        return torch.einsum("...qk,...qkd->...qd", weights, table[index].to(weights.dtype))
     slots = weights.new_zeros(*weights.shape[:-1], table.shape[0])
     slots.scatter_add_(-1, index.expand_as(weights), weights)
     return slots @ table.to(weights.dtype)
@@ -138,3 +110,50 @@ def transformer_xl_logits(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: 
         "c": (u @ k.transpose(-1, -2)).unsqueeze(-2).expand(*q.shape[:-1], length),
         "d": skew((v @ r.T).expand(*q.shape[:-1], length)),
     }
+
+
+@register
+class ShawRelative(Scheme):
+    """Learned relative keys and values per clipped distance clip(j - i, -k, k) (Shaw et al., 2018).
+
+    logit_ij += q_i . a^K_ij / sqrt(head_dim) and output_i += sum_j weights_ij a^V_ij,
+    with one table of 2k + 1 rows for keys and one for values, shared by the heads.
+    `values=False` keeps only the key term, which every backend can run; the value
+    term needs the weights, so only the explicit backend runs it, by `method`: the
+    naive (q_len, k_len, head_dim) construction or the memory-efficient scatter.
+    """
+
+    name = "shaw"
+    hook = "score"
+    bias_is_constant = False
+    per_layer = True
+
+    def __init__(self, head_dim: int, max_distance: int = 16, values: bool = True, method: str = "gather", init_std: float = 0.02):
+        super().__init__()
+        self.head_dim = positive_int("head_dim", head_dim)
+        self.max_distance = positive_int("max_distance", max_distance)
+        self.method = choice("method", method, METHODS)
+        std = positive_float("init_std", init_std)
+        self.key_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std)
+        self.value_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std) if values else None
+        self.needs_weights = values
+
+    def query_score_mod(self, q, positions):
+        """q_i . a^K_{clip(j - i)} / sqrt(d): the queries meet the 2k + 1 table rows once, then each pair picks its row."""
+        per_row = (q.float() @ self.key_table.float().T) / math.sqrt(self.head_dim)  # (batch, heads, q_len, 2k + 1)
+        k = self.max_distance
+
+        def shaw_keys(score, b, h, q_idx, kv_idx):
+            index = (positions.k_at(b, kv_idx) - positions.q_at(b, q_idx)).clamp(-k, k) + k
+            return score + per_row[b, h, q_idx, index]
+
+        return shaw_keys
+
+    def value_term(self, weights, positions) -> torch.Tensor | None:
+        if self.value_table is None:
+            return None
+        index = positions.distances(weights.device).clamp(-self.max_distance, self.max_distance) + self.max_distance
+        return shaw_value_term(weights, self.value_table, index, self.method)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, values={self.value_table is not None}, method={self.method!r}"

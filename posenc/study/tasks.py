@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._checks import non_negative_int, positive_int
+from .._checks import non_negative_int, positive_int
 
 IGNORE_INDEX = -100  # targets with this value are skipped by cross_entropy, hence by posenc.train
 # torch's CPU generator keeps only the low 32 bits of a seed: (seed, step) is packed into 32 bits, one to one

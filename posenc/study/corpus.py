@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ._checks import positive_int
+from .._checks import positive_int
 
 VOCAB_SIZE = 256  # bytes
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import positive_int
+from .._checks import positive_int
 from .tasks import IGNORE_INDEX
 
 FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "

@@ -1,10 +1,11 @@
-"""Sinusoidal absolute positions (Vaswani et al., 2017): the input hook."""
+"""Sinusoidal absolute positions (Vaswani et al., 2017): the input hook, its math and its scheme."""
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import PAIRS, as_positions, positive_float, positive_int
+from .._checks import PAIRS, as_positions, positive_float, positive_int
+from ..scheme import Scheme, register
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -97,3 +98,22 @@ def input_logit_terms(content: torch.Tensor, code: torch.Tensor, w_q: torch.Tens
         "position-content": p @ a @ e.T,
         "position-position": p @ a @ p.T,
     }
+
+
+@register
+class Sinusoidal(Scheme):
+    """Fixed sin/cos table added to the token embeddings (Vaswani et al., 2017)."""
+
+    name = "sinusoidal"
+    hook = "input"
+
+    def __init__(self, dim: int, base: float = 10000.0):
+        super().__init__()
+        self.dim = positive_int("dim", dim)
+        self.base = positive_float("base", base, minimum=1.0)
+
+    def embed(self, positions) -> torch.Tensor:
+        return sinusoidal_encoding(positions, self.dim, self.base)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base:g}"

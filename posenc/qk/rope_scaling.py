@@ -1,9 +1,10 @@
 """RoPE frequency schedules, one function per `rope_type`, as in Hugging Face's `modeling_rope_utils`.
 
-Each function takes `(head_dim, base, **params)` and returns `(inv_freq, attention_factor)`:
-inv_freq of length head_dim / 2 in float32 (formed in float64), and the factor that
-multiplies cos and sin (so the logits scale by its square). Parameter names and
-meanings follow Hugging Face's RoPE configs, so a model's config maps to a call.
+Each function takes `(head_dim, base, dtype, **params)` and returns `(inv_freq, attention_factor)`:
+inv_freq of length head_dim / 2, formed in `dtype` with the operations in Hugging Face's
+order (so float32 reproduces transformers bit for bit, and float64 is the closer to the
+formula), and the factor that multiplies cos and sin (so the logits scale by its square).
+Parameter names and meanings follow Hugging Face's RoPE configs, so a config maps to a call.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import math
 
 import torch
 
-from ._checks import PAIRS, positive_float, positive_int
+from .._checks import PAIRS, positive_float, positive_int
 
 
-def default_inv_freq64(head_dim: int, base: float) -> torch.Tensor:
-    """theta_i = base^(-2i/head_dim) in float64."""
-    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def default_inv_freq(head_dim: int, base: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """theta_i = base^(-2i/head_dim), formed in `dtype` as transformers forms it (in float32 there)."""
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim))
 
 
 def _factor(factor) -> float:
@@ -30,14 +31,14 @@ def _original(original_max_position_embeddings, rope_type: str) -> int:
     return positive_int("original_max_position_embeddings", original_max_position_embeddings)
 
 
-def default(head_dim: int, base: float) -> tuple[torch.Tensor, float]:
+def default(head_dim: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
     """Plain RoPE (Su et al.)."""
-    return default_inv_freq64(head_dim, base).float(), 1.0
+    return default_inv_freq(head_dim, base, dtype), 1.0
 
 
-def linear(head_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
+def linear(head_dim: int, base: float, dtype: torch.dtype, factor: float) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al., 2023): every frequency divided by `factor`, i.e. positions m / factor."""
-    return (default_inv_freq64(head_dim, base) / _factor(factor)).float(), 1.0
+    return default_inv_freq(head_dim, base, dtype) / _factor(factor), 1.0
 
 
 def ntk_base(head_dim: int, base: float, factor: float) -> float:
@@ -48,17 +49,17 @@ def ntk_base(head_dim: int, base: float, factor: float) -> float:
     return base * _factor(factor) ** (head_dim / (head_dim - 2))
 
 
-def ntk(head_dim: int, base: float, factor: float) -> tuple[torch.Tensor, float]:
+def ntk(head_dim: int, base: float, dtype: torch.dtype, factor: float) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling (bloc97, 2023): plain RoPE with the base raised to ntk_base.
 
     The highest frequency (i = 0) is unchanged, the lowest (i = d/2 - 1) divided by
     `factor`, and those between by a geometric blend. Not a Hugging Face rope_type:
     there it exists only in its dynamic form.
     """
-    return default_inv_freq64(head_dim, ntk_base(head_dim, base, factor)).float(), 1.0
+    return default_inv_freq(head_dim, ntk_base(head_dim, base, factor), dtype), 1.0
 
 
-def dynamic(head_dim: int, base: float, factor: float, max_position_embeddings: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+def dynamic(head_dim: int, base: float, dtype: torch.dtype, factor: float, max_position_embeddings: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (emozilla, 2023), as Hugging Face computes it for the current length `seq_len`.
 
     Below max_position_embeddings it is plain RoPE; past it the base becomes
@@ -70,7 +71,7 @@ def dynamic(head_dim: int, base: float, factor: float, max_position_embeddings: 
     if head_dim < 4:
         raise ValueError(f"dynamic NTK scaling needs head_dim >= 4, got {head_dim}")
     scaled = base * (factor * seq_len / max_len - (factor - 1)) ** (head_dim / (head_dim - 2))
-    return default_inv_freq64(head_dim, scaled).float(), 1.0
+    return default_inv_freq(head_dim, scaled, dtype), 1.0
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -109,6 +110,7 @@ def yarn_ramp(head_dim: int, base: float, original_max_position_embeddings: int,
 def yarn(
     head_dim: int,
     base: float,
+    dtype: torch.dtype,
     original_max_position_embeddings: int | None = None,
     factor: float | None = None,
     beta_fast: float = 32.0,
@@ -141,13 +143,13 @@ def yarn(
         else:
             attention_factor = yarn_mscale(factor)
     attention_factor = positive_float("attention_factor", attention_factor)
-    original_freq = default_inv_freq64(head_dim, base)
-    keep = 1 - yarn_ramp(head_dim, base, original, beta_fast, beta_slow, truncate).double()
-    inv_freq = original_freq / factor * (1 - keep) + original_freq * keep
-    return inv_freq.float(), float(attention_factor)
+    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim)
+    keep = 1 - yarn_ramp(head_dim, base, original, beta_fast, beta_slow, truncate).to(dtype)  # float32, as the reference
+    inv_freq = 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
+    return inv_freq, float(attention_factor)
 
 
-def llama3(head_dim: int, base: float, factor: float, original_max_position_embeddings: int | None = None, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
+def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, original_max_position_embeddings: int | None = None, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
     """Llama 3.1's scaling: wavelength bands with a smooth blend between them.
 
     Wavelengths shorter than original / high_freq_factor keep their frequency;
@@ -159,14 +161,14 @@ def llama3(head_dim: int, base: float, factor: float, original_max_position_embe
     low, high = positive_float("low_freq_factor", low_freq_factor), positive_float("high_freq_factor", high_freq_factor)
     if low >= high:
         raise ValueError(f"low_freq_factor must be below high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}")
-    inv_freq = default_inv_freq64(head_dim, base)
+    inv_freq = default_inv_freq(head_dim, base, dtype)
     wavelength = 2 * math.pi / inv_freq
-    smooth = (original / wavelength - low) / (high - low)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelength >= original / high) & (wavelength <= original / low)
-    return torch.where(is_medium, blended, scaled).float(), 1.0
+    return torch.where(is_medium, blended, scaled), 1.0
 
 
-# rope_type -> function(head_dim, base, **params) -> (inv_freq, attention_factor)
+# rope_type -> function(head_dim, base, dtype, **params) -> (inv_freq, attention_factor)
 ROPE_TYPES = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "llama3": llama3}

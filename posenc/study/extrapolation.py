@@ -1,10 +1,10 @@
 """Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
 
-    python -m posenc.extrapolation --preset cpu      # the whole study, single-threaded, on a CPU
-    python -m posenc.extrapolation --preset gpu      # a larger model and length, on one GPU
+    python -m posenc.study.extrapolation --preset cpu      # the whole study, single-threaded, on a CPU
+    python -m posenc.study.extrapolation --preset gpu      # a larger model and length, on one GPU
 
 Two tasks: byte-level language modelling on the standard library's sources
-(posenc.corpus) and passkey retrieval (posenc.passkey). Every scheme is trained
+(posenc.study.corpus) and passkey retrieval (posenc.study.passkey). Every scheme is trained
 at length L and evaluated at L, 2L, 4L and 8L. The RoPE rescalings (linear
 interpolation, NTK-aware, YaRN) are applied to the model trained with plain RoPE,
 zero-shot and after a short fine-tune at the longer length; plain RoPE gets the
@@ -21,20 +21,18 @@ import csv
 import datetime as dt
 import json
 import math
-import os
-import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .corpus import VOCAB_SIZE, load_corpus, eval_windows, sample_windows
-from .model import TinyTransformer, train
+from ..model import TinyTransformer, train
 from .passkey import passkey_accuracy, training_batches
-from .runinfo import cpu_model, git_state, load_average
-from .schemes import Rope
+from .runinfo import load_average, run_metadata
+from ..qk.rope import Rope
 
 TASKS = ("lm", "passkey")
 COLUMNS = ["preset", "task", "scheme", "variant", "seed", "eval_len", "depth", "bucket", "metric", "value", "note"]
@@ -213,12 +211,6 @@ def run(task: str, label: str, seed: int, preset: Preset, corpus=None) -> list[d
 
 # --- the study: runs, resume, files ---------------------------------------------------------------
 
-def git_commit() -> str:
-    """HEAD, with "-dirty" when posenc/ has uncommitted changes; "unknown" outside git."""
-    commit, dirty = git_state(".")
-    return "unknown" if commit is None else commit + ("-dirty" if dirty else "")
-
-
 def finished_runs(csv_path: Path) -> set[tuple[str, str, int]]:
     if not csv_path.exists():
         return set()
@@ -247,13 +239,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
         raise ValueError(f"unknown schemes {unknown}; choose from {sorted(scheme_table(preset))}")
     corpus = load_corpus(preset.corpus_bytes)
     meta = json.loads(json_path.read_text()) if json_path.exists() else {}
-    meta.update({
-        "preset": asdict(preset), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_commit": git_commit(),
-        "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-        "device": preset.device if preset.device == "cpu" else torch.cuda.get_device_name(0), "dtype": "float32",
-        "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "load_at_start": load_average(),
-        **corpus.describe(),
-    })
+    meta.update(run_metadata(preset.name, preset, preset.device, torch.float32), **corpus.describe())
     meta.setdefault("wall_seconds", {})
     done = finished_runs(csv_path)
     todo = [(t, label, seed) for t in tasks for label in labels for seed in preset.seeds if (t, label, seed) not in done]
@@ -279,7 +265,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posenc.extrapolation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m posenc.study.extrapolation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--out", type=Path, default=Path("chapters/results"), help="folder for the CSV and JSON (default: chapters/results)")
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))

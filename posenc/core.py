@@ -1,0 +1,195 @@
+"""One attention entry point for every scheme, with interchangeable backends.
+
+* ``"explicit"`` materialises the (batch, heads, q_len, k_len) scores and can return the weights;
+* ``"sdpa"`` calls torch.nn.functional.scaled_dot_product_attention: ``is_causal=True`` when the
+  mask is plain causal and there is no bias, else one additive float mask (cached per shape where
+  the scheme's bias has no learned parameters);
+* ``"flex"`` runs FlexAttention compiled (torch.compile, dynamic=False) with the scheme's bias
+  inside the kernel and a block mask cached per shape;
+* ``"flex_uncompiled"`` is the same without compiling: correct and slow (it materialises the
+  scores), for reading and for shapes too varied to compile.
+
+All backends agree, and return zeros, not NaN, for a query whose every key is masked.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import choice
+from .kernel import _kept, bias_table, block_mask, index_score_mod, mask_table
+from .positions import Positions
+from .scheme import NoPE, Scheme
+
+BACKENDS = ("explicit", "sdpa", "flex", "flex_uncompiled")
+_NOPE = NoPE()
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must have shape (batch, heads, seq_len, head_dim), got {shape}")
+    if k.shape != v.shape[:-1] + (k.shape[-1],) or k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree on (batch, heads, seq_len): got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim")
+
+
+def _check_mask(mask, q_len: int, k_len: int) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError("mask must be a boolean tensor, True where a query may attend to a key")
+    try:
+        torch.broadcast_shapes(mask.shape, (1, 1, q_len, k_len))
+    except RuntimeError:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, {q_len}, {k_len})") from None
+
+
+def _allowed(scheme, positions, causal, mask, device) -> torch.Tensor | None:
+    allowed = mask_table(scheme, positions, causal, device)
+    if mask is not None:
+        allowed = mask.to(device) if allowed is None else allowed & mask.to(device)
+    return allowed
+
+
+def _zero_empty_rows(out: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Zeros for queries that may attend to no key at all (a softmax over nothing is NaN)."""
+    return torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0)
+
+
+def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: float) -> torch.Tensor:
+    """Scores q.k * scale plus the scheme's bias, after its query/key transform; no mask. Float32."""
+    positions = Positions.resolve(q_positions, k_positions, q.shape[2], k.shape[2], q.shape[0], q.device)
+    q = scheme.transform_qk(q, positions.query_positions())
+    k = scheme.transform_qk(k, positions.key_positions())
+    bias = bias_table(scheme, positions, q)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    return scores if bias is None else scores + bias
+
+
+def _explicit(q, k, v, scheme, positions, bias, allowed, scale):
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if allowed is not None:
+        weights = _zero_empty_rows(weights, allowed)
+    out = weights @ v.float()
+    extra = scheme.value_term(weights, positions)
+    if extra is not None:
+        out = out + extra
+    return out.to(v.dtype), weights
+
+
+def _float_mask(bias, allowed, dtype) -> torch.Tensor | None:
+    """The bias with -inf where a key is masked, in the queries' dtype: SDPA's one additive mask."""
+    if allowed is None:
+        return None if bias is None else bias.to(dtype)
+    return torch.where(allowed, torch.zeros((), dtype=torch.float32, device=allowed.device) if bias is None else bias, float("-inf")).to(dtype)
+
+
+def _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows):
+    plain_causal = causal and positions.is_default and mask is None and scheme.mask_mod is None and q.shape[2] == k.shape[2]
+    if bias is None and plain_causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    allowed = _allowed(scheme, positions, causal, mask, q.device)
+    if positions.key() is not None and mask is None and (bias is None or scheme.bias_is_constant):
+        # nothing here depends on learned parameters: one additive mask per shape, device and dtype
+        key = ("sdpa", positions.key(), causal, q.shape[1], q.device, q.dtype)
+        make = lambda: _float_mask(bias, allowed, q.dtype)  # noqa: E731
+        float_mask = _kept(key + (scheme.mask_key(),), make) if bias is None else scheme.cached(key, make)
+    else:
+        float_mask = _float_mask(bias, allowed, q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=scale)
+    return _zero_empty_rows(out, allowed) if guard_rows and allowed is not None else out
+
+
+@lru_cache(maxsize=None)
+def compiled_flex_attention():
+    """FlexAttention compiled once per process (dynamic=False: one kernel per shape, as fast as it gets)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type == "cpu" and torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in scheme.parameters())):
+        raise ValueError(
+            f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
+            "backend='sdpa' or 'explicit'; on CUDA both flex backends train (run the forward under torch.no_grad() to use flex here)"
+        )
+    score_mod = index_score_mod(scheme, positions, q)
+    blocks = block_mask(scheme, positions, causal, q, k, mask)
+    if compiled:
+        return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
+    with warnings.catch_warnings():
+        # uncompiled FlexAttention warns that it materialises the scores: that is what this backend is for
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scheme: Scheme | None = None,
+    *,
+    causal: bool = True,
+    mask: torch.Tensor | None = None,
+    q_positions=None,
+    k_positions=None,
+    backend: str = "explicit",
+    scale: float | None = None,
+    return_weights: bool = False,
+    keys_transformed: bool = False,
+):
+    """Scaled dot-product attention with a positional scheme.
+
+    q is (batch, heads, q_len, head_dim); k and v are (batch, heads, k_len, head_dim).
+    Positions are (len,) or (batch, len) integer tensors; without them keys sit at
+    0..k_len-1 and queries at the last q_len of them. `mask` (boolean, True = may
+    attend, broadcastable to (batch, heads, q_len, k_len)) is combined with the causal
+    mask and the scheme's own. Input-hook schemes act on embeddings before the
+    projections, so here they change nothing. `keys_transformed=True` says k already
+    went through the scheme's query/key transform (a KV cache stores rotated keys).
+    Returns the output, or (output, weights) with `return_weights=True` (explicit only).
+    """
+    _check_qkv(q, k, v)
+    choice("backend", backend, BACKENDS)
+    scheme = _NOPE if scheme is None else scheme
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a posenc Scheme (see posenc.make_scheme), got {type(scheme).__name__}")
+    if return_weights and backend != "explicit":
+        raise ValueError(f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights")
+    if scheme.needs_weights and backend != "explicit":
+        raise ValueError(
+            f"scheme {scheme.name!r} adds a value term computed from the attention weights, which only backend='explicit' "
+            f"exposes; {backend!r} cannot run it (for ShawRelative, values=False keeps the key term only)"
+        )
+    q_len, k_len = q.shape[2], k.shape[2]
+    _check_mask(mask, q_len, k_len)
+    positions = Positions.resolve(q_positions, k_positions, q_len, k_len, q.shape[0], q.device)
+    scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+
+    q = scheme.transform_qk(q, positions.query_positions())
+    if not keys_transformed:
+        k = scheme.transform_qk(k, positions.key_positions())
+    if backend in ("flex", "flex_uncompiled"):
+        return _flex(q, k, v, scheme, positions, causal, mask, scale, compiled=backend == "flex")
+    bias = bias_table(scheme, positions, q)
+    guard_rows = mask is not None or not positions.is_default
+    if backend == "sdpa":
+        return _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows)
+    out, weights = _explicit(q, k, v, scheme, positions, bias, _allowed(scheme, positions, causal, mask, q.device), scale)
+    return (out, weights) if return_weights else out

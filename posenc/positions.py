@@ -1,0 +1,126 @@
+"""Where queries and keys sit, and how a kernel's indices map to those positions.
+
+`posenc.attention` takes positions of shape (seq_len,), shared by the batch, or
+(batch, seq_len), one row per sequence (left padding, packed sequences). Without
+them keys sit at 0..k_len-1 and queries at the last q_len of those: the *default
+layout*, in which a position is an index plus a constant, so a score_mod or
+mask_mod over it stays a pure function of the indices and its block mask and
+dense tables can be cached per shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._checks import as_positions
+
+
+def default_positions(q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys at 0..k_len-1 and queries at the last q_len of them (decoding against a cache)."""
+    if q_len > k_len:
+        raise ValueError(f"without explicit positions q_len ({q_len}) must not exceed k_len ({k_len})")
+    return torch.arange(k_len - q_len, k_len), torch.arange(k_len)
+
+
+def relative_distance(q_positions, k_positions) -> torch.Tensor:
+    """Matrix of k_position - q_position (j - i in the notation page), shape (len(q), len(k)), integer."""
+    q = as_positions("q_positions", q_positions, integer=True)
+    k = as_positions("k_positions", k_positions, integer=True).to(q.device)
+    if q.ndim != 1 or k.ndim != 1:
+        raise ValueError(f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    return k[None, :] - q[:, None]
+
+
+def _given(name: str, given, length: int, batch: int) -> torch.Tensor:
+    p = as_positions(name, given, integer=True)
+    if p.ndim == 1 and p.shape[0] == length:
+        return p
+    if p.ndim == 2 and p.shape[1] == length:
+        if p.shape[0] != batch:
+            raise ValueError(f"{name} has {p.shape[0]} rows but q has batch {batch}: give ({length},) or ({batch}, {length})")
+        return p
+    raise ValueError(f"{name} must have shape ({length},) or (batch, {length}) = ({batch}, {length}), got {tuple(p.shape)}")
+
+
+def _is_arange(p: torch.Tensor, start: int) -> bool:
+    return p.ndim == 1 and torch.equal(p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype))
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Positions of one attention call: `q` and `k` are None in the default layout, else tensors (L,) or (batch, L)."""
+
+    q_len: int
+    k_len: int
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+
+    @classmethod
+    def resolve(cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device) -> Positions:
+        """Check the given positions; positions equal to the default layout are recognised as it."""
+        if q_positions is None and k_positions is None:
+            default_positions(q_len, k_len)  # checks q_len <= k_len
+            return cls(q_len, k_len)
+        if q_positions is None or k_positions is None:
+            dq, dk = default_positions(q_len, k_len)
+            q_positions = dq if q_positions is None else q_positions
+            k_positions = dk if k_positions is None else k_positions
+        q = _given("q_positions", q_positions, q_len, batch)
+        k = _given("k_positions", k_positions, k_len, batch)
+        if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len):
+            return cls(q_len, k_len)
+        return cls(q_len, k_len, q.to(device), k.to(device))
+
+    @property
+    def is_default(self) -> bool:
+        return self.q is None
+
+    @property
+    def per_row(self) -> bool:
+        """True when positions differ between the sequences of the batch."""
+        return self.q is not None and (self.q.ndim == 2 or self.k.ndim == 2)
+
+    def query_positions(self):
+        """What a query/key transform receives: a range in the default layout (RoPE caches its table for it), else the tensor."""
+        return range(self.k_len - self.q_len, self.k_len) if self.q is None else self.q
+
+    def key_positions(self):
+        return range(self.k_len) if self.k is None else self.k
+
+    def q_at(self, b, q_idx):
+        """Position of query index q_idx in sequence b: works on scalars inside a kernel and on index grids."""
+        if self.q is None:
+            return q_idx + (self.k_len - self.q_len)
+        return self.q[q_idx] if self.q.ndim == 1 else self.q[b, q_idx]
+
+    def k_at(self, b, kv_idx):
+        if self.k is None:
+            return kv_idx
+        return self.k[kv_idx] if self.k.ndim == 1 else self.k[b, kv_idx]
+
+    def distances(self, device) -> torch.Tensor:
+        """k_pos - q_pos of every pair (j - i), broadcastable to (batch, heads, q_len, k_len)."""
+        rows = self.q.shape[0] if self.per_row and self.q.ndim == 2 else (self.k.shape[0] if self.per_row else 1)
+        b, _, q_idx, kv_idx = index_grids(rows, 1, self.q_len, self.k_len, device)
+        return self.k_at(b, kv_idx) - self.q_at(b, q_idx)
+
+    def key(self):
+        """A cache key for tables derived from these positions, or None where the positions are not the default."""
+        return (self.q_len, self.k_len) if self.q is None else None
+
+
+def index_grids(batch: int, heads: int, q_len: int, k_len: int, device) -> tuple[torch.Tensor, ...]:
+    """b, h, q_idx, kv_idx as broadcastable (batch,1,1,1), (1,heads,1,1), (1,1,q_len,1), (1,1,1,k_len) index tensors.
+
+    A score_mod or mask_mod written for one (b, h, q_idx, kv_idx) of a kernel, evaluated
+    on these grids, gives the whole dense table at once: how posenc derives the bias and
+    mask of the explicit and sdpa backends from the one definition.
+    """
+    def grid(n, dim):
+        shape = [1, 1, 1, 1]
+        shape[dim] = n
+        return torch.arange(n, device=device).view(shape)
+
+    return grid(batch, 0), grid(heads, 1), grid(q_len, 2), grid(k_len, 3)

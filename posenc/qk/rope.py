@@ -1,0 +1,297 @@
+"""Rotary position embedding (Su et al., RoFormer): the query/key hook, its math and its scheme.
+
+`rope_frequencies` is a registry of frequency schedules keyed by the `rope_type`
+names of Hugging Face transformers; `apply_rope` rotates queries or keys; `Rope`
+is the scheme, which keeps a cos/sin table per length, device and dtype.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .._checks import PAIRS, as_positions, choice, positive_float, positive_int, same_last_dim
+from ..scheme import Scheme, register
+from .rope_scaling import ROPE_TYPES
+
+LAYOUTS = ("half", "interleaved")
+
+
+def rope_parameters(rope_type: str) -> dict[str, object]:
+    """The parameters a rope_type takes beyond head_dim and base, with their defaults (inspect.Parameter.empty: required)."""
+    choice("rope_type", rope_type, tuple(ROPE_TYPES))
+    params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[3:]
+    return {p.name: p.default for p in params}
+
+
+NUMERICS = {"float64": torch.float64, "transformers": torch.float32}
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "default", numerics: str = "float64", **params) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies theta_i, i < head_dim/2, and the attention factor, for a `rope_type`.
+
+    "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
+    "dynamic", "yarn" and "llama3" rescale it (posenc.qk.rope_scaling; parameters
+    named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
+    like Hugging Face's RoPE init functions: inv_freq is float32 of length
+    head_dim/2, attention_factor multiplies cos and sin.
+
+    `numerics="float64"` (the default) forms the frequencies in float64 and rounds once,
+    so each is the float32 nearest the formula. `numerics="transformers"` forms them in
+    float32 with transformers' operations, reproducing its `inv_freq` bit for bit: those
+    differ by 1-3 ulps, which at position 131071 moves an angle by up to about 3e-2 rad.
+    Use it to run a checkpoint trained with transformers exactly as it was trained.
+    """
+    positive_int("head_dim", head_dim, even=PAIRS)
+    choice("numerics", numerics, tuple(NUMERICS))
+    positive_float("base", base, minimum=1.0)
+    accepted = rope_parameters(rope_type)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise TypeError(f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}")
+    missing = sorted(name for name, default in accepted.items() if default is inspect.Parameter.empty and name not in params)
+    if missing:
+        raise ValueError(f"rope_type {rope_type!r} needs {', '.join(missing)}")
+    inv_freq, attention_factor = ROPE_TYPES[rope_type](head_dim, base, NUMERICS[numerics], **params)
+    return inv_freq.float(), attention_factor
+
+
+def rope_angles(positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Angles m * theta_i of shape positions.shape + (len(inv_freq),), formed in `dtype`.
+
+    apply_rope uses float32 (float64 for float64 inputs). Other dtypes are here to show
+    what goes wrong: bfloat16 holds 8 significant bits, so above 256 it cannot
+    represent every integer (1000 is exact, 1001 is rounded to 1000).
+    """
+    p = as_positions("positions", positions, integer=False)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+    return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension (GPT-NeoX, Hugging Face Llama)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...) on adjacent pairs (RoFormer, GPT-J)."""
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def _check_x(x) -> None:
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
+    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=PAIRS)
+
+
+def _broadcastable(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Positions shaped to broadcast against x.shape[:-1]; (batch, seq_len) for x (batch, heads, seq_len, d) gains the head axis."""
+    if p.ndim == 2 and x.ndim == 4 and p.shape == (x.shape[0], x.shape[2]):
+        p = p[:, None, :]
+    try:
+        torch.broadcast_shapes(p.shape, x.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}") from None
+    return p
+
+
+def _angle_dtype(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.dtype:
+    """float32, or float64 where x or the frequencies are float64: never below float32."""
+    return torch.promote_types(torch.float32, torch.promote_types(x.dtype, inv_freq.dtype))
+
+
+def rope_cos_sin(positions, inv_freq: torch.Tensor, like: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the angles position * theta_i, (..., seq_len, head_dim/2), in `like`'s dtype and device.
+
+    The angles and their cos and sin are formed in float32 (float64 for float64
+    inputs) and only then cast, as Hugging Face does: in bfloat16 the rotation itself
+    runs in bfloat16, but no angle is ever rounded to it.
+    """
+    p = as_positions("positions", positions, integer=False).to(like.device)
+    angles = rope_angles(p, inv_freq.to(like.device), _angle_dtype(like, inv_freq))
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(like.dtype), sin.to(like.dtype)
+
+
+def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two members of every rotated pair, as views: halves (i, i + d/2) or neighbours (2i, 2i + 1)."""
+    if layout == "half":
+        return x.chunk(2, dim=-1)
+    pairs = x.unflatten(-1, (-1, 2))
+    return pairs[..., 0], pairs[..., 1]
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, head_dim/2).
+
+    Without gradients the result is written in place into one output tensor: four
+    fused multiply-adds over half the elements, no rotate_half copy. With gradients
+    the same arithmetic runs out of place (torch's out= does not record a graph).
+    """
+    x1, x2 = _pairs(x, layout)
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        first, second = torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)
+        return torch.cat((first, second), -1) if layout == "half" else torch.stack((first, second), -1).flatten(-2)
+    shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)
+    out = torch.empty(shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
+    o1, o2 = _pairs(out, layout)
+    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1)
+    torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
+    return out
+
+
+def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+    """Rotate each pair of dimensions of x by the angle position * theta_i.
+
+    x is `(..., seq_len, head_dim)`; positions is `(seq_len,)`, `(batch, seq_len)` for x
+    of shape (batch, heads, seq_len, head_dim), or broadcastable to `x.shape[:-1]`
+    (integers, or real numbers for interpolated positions). `layout="half"` pairs
+    dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles are
+    formed in float32 whatever x's dtype; the result has x's dtype. cos and sin are
+    multiplied by `attention_factor`.
+    """
+    _check_x(x)
+    choice("layout", layout, LAYOUTS)
+    same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
+    positive_float("attention_factor", attention_factor)
+    p = _broadcastable(as_positions("positions", positions, integer=False), x)
+    cos, sin = rope_cos_sin(p, inv_freq, x, attention_factor)
+    return rotate_pairs(x, cos, sin, layout)
+
+
+def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T, in float64.
+
+    Block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
+    same blocks on dimensions (i, i + head_dim/2) in the half layout.
+    """
+    choice("layout", layout, LAYOUTS)
+    angles = float(position) * inv_freq.to(torch.float64)
+    half = len(inv_freq)
+    first = torch.arange(half) * 2 if layout == "interleaved" else torch.arange(half)
+    second = first + 1 if layout == "interleaved" else first + half
+    r = torch.zeros(2 * half, 2 * half, dtype=torch.float64)
+    r[first, first], r[first, second] = angles.cos(), -angles.sin()
+    r[second, first], r[second, second] = angles.sin(), angles.cos()
+    return r
+
+
+def apply_rope_complex(x: torch.Tensor, positions, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE in the complex form: adjacent pairs (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^{i m theta_i}.
+
+    This is the interleaved layout, written as Meta's original LLaMA code
+    writes it; it must agree with apply_rope(..., layout="interleaved").
+    """
+    angles = rope_angles(as_positions("positions", positions, integer=False), inv_freq, torch.float64)
+    z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2).to(x.dtype)
+
+
+def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
+    """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, 5, ...).
+
+    Permuting the rows of each head's Q and K projections by `perm` turns a
+    model trained with interleaved pairs into one with identical attention
+    under the rotate-half layout (what Hugging Face's Llama conversion script does).
+    """
+    positive_int("head_dim", head_dim, even=PAIRS)
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
+def apply_rope_angles(x: torch.Tensor, angles: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+    """Rotate each pair of dimensions of x by given angles (..., seq_len, head_dim/2): the second half of apply_rope.
+
+    Use it with angles formed elsewhere, for example in a low precision to measure
+    what that costs. cos and sin are taken in the angles' dtype (at least float32),
+    then cast to x's dtype, as apply_rope does.
+    """
+    _check_x(x)
+    if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
+        raise TypeError("angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)")
+    choice("layout", layout, LAYOUTS)
+    same_last_dim("x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}")
+    positive_float("attention_factor", attention_factor)
+    angles = angles.to(device=x.device, dtype=torch.promote_types(angles.dtype, torch.float32))
+    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
+    return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype), layout)
+
+
+def rope_decay_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoFormer's relative upper bound (1 / (d/2)) * sum_{j=1}^{d/2} |S_j| at each relative distance r, in float64.
+
+    S_j = sum_{k<j} exp(i r theta_k). By Abel summation the RoPE logit of a query
+    and a key r positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|,
+    where h_j is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
+    """
+    r = as_positions("distances", distances, integer=False).to(device=inv_freq.device, dtype=torch.float64)
+    if inv_freq.ndim != 1:
+        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+    phases = r[..., None] * inv_freq.to(torch.float64)
+    partial_sums = torch.polar(torch.ones_like(phases), phases).cumsum(dim=-1)
+    return partial_sums.abs().mean(dim=-1)
+
+
+@register
+class Rope(Scheme):
+    """Rotary position embedding applied to queries and keys (Su et al., RoFormer).
+
+    `rope_type` and its parameters select a frequency schedule (see rope_frequencies);
+    `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit.
+    For positions 0..L-1 (what posenc.attention passes in the default layout) cos and sin
+    come from a table kept per (length, device, dtype).
+    """
+
+    name = "rope"
+    hook = "qk"
+
+    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", rope_type: str = "default", numerics: str = "float64", **rope_params):
+        super().__init__()
+        self.layout = choice("layout", layout, LAYOUTS)
+        self.rope_type, self.numerics = rope_type, numerics
+        self.rope_params = dict(rope_params)
+        inv_freq, attention_factor = rope_frequencies(head_dim, base, rope_type, numerics, **rope_params)
+        self.head_dim, self.base, self.attention_factor = head_dim, base, attention_factor
+        self.register_float32_buffer("inv_freq", inv_freq)
+
+    @property
+    def follows_length(self) -> bool:
+        """Dynamic NTK without a fixed seq_len: the frequencies follow the largest position seen in each call."""
+        return self.rope_type == "dynamic" and "seq_len" not in self.rope_params
+
+    def frequencies_for(self, positions) -> torch.Tensor:
+        """The inverse frequencies used for these positions (they depend on them only for dynamic NTK)."""
+        if not self.follows_length:
+            return self.inv_freq
+        seq_len = int(as_positions("positions", positions, integer=False).max()) + 1
+        inv_freq, _ = rope_frequencies(self.head_dim, self.base, "dynamic", self.numerics, seq_len=seq_len, **self.rope_params)
+        return inv_freq.to(self.inv_freq.device)
+
+    def cos_sin(self, positions, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for these positions in like's dtype: sliced from the cached table when positions is a range from 0 up."""
+        if isinstance(positions, range) and positions.step == 1:
+            stop = positions.stop
+
+            def table():
+                with torch.no_grad():
+                    return rope_cos_sin(torch.arange(stop), self.frequencies_for(range(stop)), like, self.attention_factor)
+
+            cos, sin = self.cached(("cos_sin", stop, like.device, like.dtype), table)
+            return cos[positions.start :], sin[positions.start :]
+        p = as_positions("positions", positions, integer=False)
+        return rope_cos_sin(_broadcastable(p, like), self.frequencies_for(p), like, self.attention_factor)
+
+    def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
+        _check_x(x)
+        cos, sin = self.cos_sin(positions, x)
+        return rotate_pairs(x, cos, sin, self.layout)
+
+    def extra_repr(self) -> str:
+        params = "".join(f", {k}={v}" for k, v in self.rope_params.items())
+        numerics = "" if self.numerics == "float64" else f", numerics={self.numerics!r}"
+        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}{numerics}"

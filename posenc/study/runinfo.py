@@ -1,0 +1,114 @@
+"""What a results file records about the run that made it: one schema for both entry points.
+
+`run_metadata` gives the keys every results JSON has (preset and its configuration, device,
+dtype, versions, commit, date, threads, platform, load); each entry point adds its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+PACKAGE = HERE.parent
+
+
+def git(*args: str) -> str | None:
+    """Output of a git command run from the package's folder; None outside a checkout or without git."""
+    try:
+        done = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state() -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether the package code has uncommitted changes): results being written do not count."""
+    status = git("status", "--porcelain", "--", str(PACKAGE))
+    return git("rev-parse", "HEAD"), None if status is None else bool(status)
+
+
+def cpu_model() -> str:
+    """The processor's name where the system says it (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (timings depend on how busy the machine was), where the OS has them."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def cuda_info(device: torch.device) -> dict:
+    """Name, capability, memory, CUDA runtime and driver of a GPU; the same keys, None where there is no GPU."""
+    info = {"name": None, "capability": None, "total_memory_bytes": None, "cuda_runtime": torch.version.cuda, "cuda_driver": None, "cudnn": None}
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return info
+    props = torch.cuda.get_device_properties(device)
+    info.update(name=props.name, capability=".".join(map(str, torch.cuda.get_device_capability(device))), total_memory_bytes=props.total_memory)
+    info["cudnn"] = torch.backends.cudnn.version()
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        info["cuda_driver"] = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+def run_metadata(preset: str, config, device, dtype: torch.dtype) -> dict:
+    """The keys every results JSON of posenc.study has, for a run of `preset` (its configuration a dataclass or dict)."""
+    from .. import __version__
+
+    device = torch.device(device)
+    gpu = cuda_info(device)
+    commit, dirty = git_state()
+    config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    return {
+        "preset": preset,
+        "config": json.loads(json.dumps(config)),
+        "device": {
+            "type": device.type,
+            "name": gpu["name"] if device.type == "cuda" else cpu_model(),
+            "capability": gpu["capability"] if device.type == "cuda" else torch.backends.cpu.get_cpu_capability(),
+            "total_memory_bytes": gpu["total_memory_bytes"],
+        },
+        "dtype": str(dtype).removeprefix("torch."),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda_runtime": gpu["cuda_runtime"],
+            "cuda_driver": gpu["cuda_driver"],
+            "cudnn": gpu["cudnn"],
+            "transformers": _installed("transformers"),
+            "posenc": __version__,
+        },
+        "git": {"commit": commit, "dirty": dirty},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_start": load_average(),
+    }
