@@ -124,11 +124,14 @@ def compiled_flex_attention():
 def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
 
-    if q.device.type == "cpu" and torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v)) or any(p.requires_grad for p in scheme.parameters())):
-        raise ValueError(
-            f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
-            "backend='sdpa' or 'explicit'; on CUDA both flex backends train (run the forward under torch.no_grad() to use flex here)"
-        )
+    if q.device.type == "cpu" and torch.is_grad_enabled():
+        # torch's CPU FlexAttention has no backward; uncompiled, it still differentiates a captured table
+        learned = compiled and scheme.hook == "score" and any(p.requires_grad for p in scheme.parameters())
+        if learned or any(t.requires_grad for t in (q, k, v)):
+            raise ValueError(
+                f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
+                "backend='sdpa' or 'explicit'; on CUDA both flex backends train (under torch.no_grad() flex runs here)"
+            )
     score_mod = index_score_mod(scheme, positions, q)
     blocks = block_mask(scheme, positions, causal, q, k, mask)
     if compiled:

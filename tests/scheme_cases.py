@@ -39,3 +39,6 @@ def every_scheme(head_dim: int = 16, heads: int = 4) -> list[posenc.Scheme]:
 
 def scheme_id(s: posenc.Scheme) -> str:
     return f"{s.name}({s.extra_repr()})"
+
+# backends that need no compiling: the wide agreement tests run on these; test_kernel.py compiles flex for a few cases
+CHEAP_BACKENDS = ("explicit", "sdpa", "flex_uncompiled")

@@ -6,6 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.kernel import bias_matrix
+from posenc.score.masks import causal, mask_matrix
 
 
 def test_eight_heads_are_powers_of_one_half():
@@ -45,14 +47,14 @@ def test_slopes_are_distinct_and_between_zero_and_one(n):
 @settings(max_examples=40, deadline=None)
 @given(offset=st.integers(0, 10**6), length=st.integers(1, 16))
 def test_bias_is_the_same_whatever_the_absolute_offset(offset, length):
-    slopes = posenc.alibi_slopes(4)
+    alibi = posenc.ALiBi(4)
     pos = torch.arange(length)
-    assert torch.equal(posenc.alibi_bias(slopes, pos, pos), posenc.alibi_bias(slopes, pos + offset, pos + offset))
+    assert torch.equal(bias_matrix(alibi, pos, pos), bias_matrix(alibi, pos + offset, pos + offset))
 
 
 def test_bias_is_minus_slope_times_distance():
     slopes = posenc.alibi_slopes(2)
-    bias = posenc.alibi_bias(slopes, torch.arange(4), torch.arange(4))
+    bias = bias_matrix(posenc.ALiBi(2), torch.arange(4), torch.arange(4))
     assert bias.shape == (2, 4, 4)
     assert bias[0, 3, 0].item() == -3 * slopes[0].item()
     assert bias[1, 2, 2].item() == 0.0
@@ -66,5 +68,5 @@ def test_key_only_bias_gives_the_same_causal_weights():
     scheme = posenc.ALiBi(heads)
     _, weights = posenc.attention(q, k, v, scheme, return_weights=True)
     scores = q @ k.transpose(-1, -2) / math.sqrt(8) + scheme.slopes[:, None, None] * torch.arange(length)
-    scores = scores.masked_fill(~posenc.causal_mask(torch.arange(length), torch.arange(length)), float("-inf"))
+    scores = scores.masked_fill(~mask_matrix(causal, torch.arange(length), torch.arange(length)), float("-inf"))
     assert torch.allclose(weights, scores.softmax(-1), atol=1e-6)

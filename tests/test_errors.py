@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import posenc
+from posenc.qk import rope as qk_rope
+from posenc.input import sinusoidal
 
 INV_FREQ = posenc.rope_frequencies(8)[0]
 X = torch.randn(1, 2, 4, 8)
@@ -24,17 +26,20 @@ CASES = [
     (lambda: posenc.apply_rope(X, torch.tensor([0.0, 1.0, float("nan"), 3.0]), INV_FREQ), ValueError, "positions must be finite"),
     (lambda: posenc.apply_rope(X, torch.arange(4), INV_FREQ, attention_factor=0.0), ValueError, "attention_factor must be a finite number > 0"),
     (lambda: posenc.apply_rope(torch.randn(8), torch.arange(1), INV_FREQ), ValueError, "x must be a tensor of shape (..., seq_len, head_dim)"),
-    (lambda: posenc.interleaved_to_half_permutation(5), ValueError, "head_dim must be even"),
+    (lambda: qk_rope.interleaved_to_half_permutation(5), ValueError, "head_dim must be even"),
     (lambda: posenc.sinusoidal_encoding(torch.arange(3), 0), ValueError, "dim must be a positive integer"),
     (lambda: posenc.sinusoidal_encoding(torch.arange(3), -4), ValueError, "dim must be a positive integer"),
     (lambda: posenc.sinusoidal_encoding("abc", 4), TypeError, "positions must be"),
-    (lambda: posenc.shift_rotation(1, 5), ValueError, "dim must be even"),
+    (lambda: sinusoidal.shift_rotation(1, 5), ValueError, "dim must be even"),
     (lambda: posenc.alibi_slopes(0), ValueError, "num_heads must be a positive integer"),
     (lambda: posenc.alibi_slopes(2.5), TypeError, "num_heads must be a positive integer"),
-    (lambda: posenc.alibi_bias(posenc.alibi_slopes(2), torch.tensor([0.5]), torch.arange(2)), TypeError, "q_positions must be integers"),
-    (lambda: posenc.alibi_bias(posenc.alibi_slopes(2)[None], torch.arange(2), torch.arange(2)), ValueError, "slopes must have shape (num_heads,)"),
-    (lambda: posenc.causal_mask(torch.zeros(2, 2, dtype=torch.long), torch.arange(2)), ValueError, "must be one-dimensional"),
-    (lambda: posenc.attention(X, X, X, backend="flash"), ValueError, "backend must be one of 'explicit', 'sdpa', 'flex'"),
+    (lambda: posenc.attention(X, X, X, posenc.ALiBi(2), q_positions=torch.tensor([0.5, 1, 2, 3]), k_positions=torch.arange(4)), TypeError, "q_positions must be integers"),
+    (lambda: posenc.attention(X, X, X, q_positions=torch.zeros(3, 4, dtype=torch.long), k_positions=torch.zeros(3, 4, dtype=torch.long)), ValueError, "q_positions has 3 rows but q has batch 1"),
+    (lambda: posenc.attention(X, X, X, q_positions=torch.zeros(1, 2, 4, dtype=torch.long)), ValueError, "q_positions must have shape (4,) or (batch, 4)"),
+    (lambda: posenc.SlidingWindow(0), ValueError, "window must be a positive integer"),
+    (lambda: posenc.SlidingWindow(4, num_sinks=6), ValueError, "num_sinks must not exceed the window"),
+    (lambda: posenc.Rope(8, numerics="float16"), ValueError, "numerics must be one of 'float64', 'transformers'"),
+    (lambda: posenc.attention(X, X, X, backend="flash"), ValueError, "backend must be one of 'explicit', 'sdpa', 'flex', 'flex_uncompiled'"),
     (lambda: posenc.attention(X[0], X[0], X[0]), ValueError, "q must have shape (batch, heads, seq_len, head_dim)"),
     (lambda: posenc.attention(X, X[:, :1], X[:, :1]), ValueError, "must agree on batch, heads and head_dim"),
     (lambda: posenc.attention(X, X, X[..., :3, :]), ValueError, "k and v must agree"),
@@ -42,7 +47,7 @@ CASES = [
     (lambda: posenc.attention(X, X, X, backend="sdpa", return_weights=True), ValueError, "return_weights=True needs backend='explicit'"),
     (lambda: posenc.attention(X, X, X, mask=torch.ones(4, 4)), TypeError, "mask must be a boolean tensor"),
     (lambda: posenc.attention(X, X, X, mask=torch.ones(3, 3, dtype=torch.bool)), ValueError, "mask of shape (3, 3) does not broadcast"),
-    (lambda: posenc.attention(X, X, X, q_positions=torch.arange(3)), ValueError, "q_positions must have shape (4,)"),
+    (lambda: posenc.attention(X, X, X, q_positions=torch.arange(3)), ValueError, "q_positions must have shape (4,) or (batch, 4)"),
     (lambda: posenc.attention(X, X, X, q_positions=torch.arange(4.0)), TypeError, "q_positions must be integers"),
     (lambda: posenc.attention(X, X[..., :2, :], X[..., :2, :]), ValueError, "q_len (4) must not exceed k_len (2)"),
     (lambda: posenc.make_scheme("t9"), ValueError, "name must be one of"),

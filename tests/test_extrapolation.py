@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from posenc import corpus as corpus_mod
-from posenc import extrapolation as xp
-from posenc import passkey as pk
+from posenc.study import corpus as corpus_mod
+from posenc.study import extrapolation as xp
+from posenc.study import passkey as pk
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +91,9 @@ def test_study_writes_tidy_results_and_resumes(tmp_path):
     assert set(rows[0]) == {"run", *xp.COLUMNS}
     assert {r["task"] for r in rows} == {"lm", "passkey"}
     meta = json.loads(json_path.read_text())
-    for key in ("device", "dtype", "torch", "git_commit", "preset", "corpus_sha256", "corpus_bytes", "wall_seconds", "date", "cpu_count", "cpu_model", "load_at_start", "load_at_end", "threads"):
+    for key in ("preset", "config", "device", "dtype", "versions", "git", "date", "threads", "cpu_count", "platform", "load_average_start", "corpus_sha256", "corpus_bytes", "wall_seconds", "load_at_end"):
         assert key in meta
+    assert meta["versions"]["torch"] == torch.__version__ and meta["device"]["type"] == "cpu"
     assert set(meta["wall_seconds"]) == {"lm/alibi/0", "lm/learned/0", "passkey/alibi/0", "passkey/learned/0"}
     xp.study(preset, tmp_path, tasks=("lm", "passkey"), labels=["alibi", "learned"], quiet=True)  # nothing left to run
     assert len(list(csv.DictReader(csv_path.open()))) == len(rows)

@@ -1,4 +1,4 @@
-"""Attention sinks next to the sliding window, and the window as a FlexAttention mask_mod."""
+"""Masks as mask_mods over positions: the window, attention sinks, combinators, and their block masks."""
 
 import pytest
 import torch
@@ -6,78 +6,81 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.masks import window_mask_mod, window_mask_with_sinks
+from posenc.positions import default_positions
+from posenc.score.masks import and_masks, causal, mask_matrix, or_masks, sliding_window
+
+CHEAP_BACKENDS = ("explicit", "sdpa", "flex_uncompiled")
 
 
 @settings(max_examples=40, deadline=None)
 @given(q_len=st.integers(1, 16), extra=st.integers(0, 16), window=st.integers(1, 20), num_sinks=st.integers(0, 6))
 def test_sinks_mask_is_the_window_plus_the_first_positions(q_len, extra, window, num_sinks):
+    num_sinks = min(num_sinks, window)
     k_len = q_len + extra
-    q_pos, k_pos = posenc.default_positions(q_len, k_len)
-    mask = window_mask_with_sinks(q_pos, k_pos, window, num_sinks)
+    q_pos, k_pos = default_positions(q_len, k_len)
+    mask = mask_matrix(sliding_window(window, num_sinks), q_pos, k_pos)
     for r, i in enumerate(q_pos.tolist()):
         assert mask[r].tolist() == [j <= i and (i - window < j or j < num_sinks) for j in range(k_len)]
     assert bool((mask.sum(-1) <= window + num_sinks).all())
 
 
-def test_no_sinks_is_the_plain_window_and_sinks_never_see_the_future():
+def test_sinks_never_see_the_future_and_combinators_are_and_or():
     pos = torch.arange(30)
-    assert torch.equal(window_mask_with_sinks(pos, pos, 5, 0), posenc.window_mask(pos, pos, 5))
-    mask = window_mask_with_sinks(pos, pos, 5, 4)
-    assert not (mask & ~posenc.causal_mask(pos, pos)).any()  # still causal
+    mask = mask_matrix(sliding_window(5, 4), pos, pos)
+    assert not (mask & ~mask_matrix(causal, pos, pos)).any()  # still causal
     assert mask[4:, :4].all()  # every later query sees the four sinks
+    window = mask_matrix(sliding_window(5), pos, pos)
+    sinks = mask_matrix(lambda b, h, q, k: k < 4, pos, pos)
+    assert torch.equal(mask, mask_matrix(and_masks(causal, or_masks(sliding_window(5), lambda b, h, q, k: k < 4)), pos, pos))
+    assert torch.equal(mask, (window | sinks) & mask_matrix(causal, pos, pos))
 
 
 def test_sinks_are_positions_not_indices():
     """Decoding against a cache that starts at position 100: no key there is a sink."""
     q_pos, k_pos = torch.tensor([110]), torch.arange(100, 111)
-    assert torch.equal(window_mask_with_sinks(q_pos, k_pos, 3, 4), posenc.window_mask(q_pos, k_pos, 3))
+    assert torch.equal(mask_matrix(sliding_window(3, 2), q_pos, k_pos), mask_matrix(sliding_window(3), q_pos, k_pos))
 
 
-@pytest.mark.parametrize("q_len, k_len, window, num_sinks", [(12, 12, 4, 0), (1, 20, 5, 0), (7, 19, 3, 2), (9, 9, 1, 3)])
-def test_mask_mod_equals_the_boolean_masks(q_len, k_len, window, num_sinks):
-    q_pos, k_pos = posenc.default_positions(q_len, k_len)
-    mod = window_mask_mod(window, num_sinks, q_offset=k_len - q_len)
-    grid = mod(0, 0, torch.arange(q_len)[:, None], torch.arange(k_len)[None, :])
-    assert torch.equal(grid, window_mask_with_sinks(q_pos, k_pos, window, num_sinks))
-    if num_sinks == 0:
-        assert torch.equal(grid, posenc.sliding_window_mask(q_len, k_len, window))
-
-
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_block_mask_from_mask_mod_gives_the_windowed_attention():
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+def test_the_cached_block_mask_skips_blocks_outside_the_window():
+    from posenc.kernel import block_mask
+    from posenc.positions import Positions
 
     torch.manual_seed(0)
     length, window = 256, 32
     q, k, v = torch.randn(3, 1, 2, length, 16)
-    block_mask = create_block_mask(window_mask_mod(window), None, None, length, length, device="cpu")
+    scheme = posenc.SlidingWindow(window)
+    blocks = block_mask(scheme, Positions(length, length), True, q, k, None)
     # 128-token blocks: query block 0 needs key block 0; query block 1 needs key blocks 0 (its first 31 rows) and 1
-    assert block_mask.kv_num_blocks.flatten().tolist() == [1, 2]
-    out = flex_attention(q, k, v, block_mask=block_mask)
-    torch.testing.assert_close(out, posenc.attention(q, k, v, posenc.SlidingWindow(window)), atol=2e-5, rtol=1e-5)
+    assert blocks.kv_num_blocks.flatten().tolist() == [1, 2]
+    assert block_mask(scheme, Positions(length, length), True, q, k, None) is blocks  # built once per shape
+    with torch.no_grad():
+        out = posenc.attention(q, k, v, scheme, backend="flex_uncompiled")
+    torch.testing.assert_close(out, posenc.attention(q, k, v, scheme), atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", posenc.BACKENDS)
-def test_sinks_mask_through_attention_keeps_every_backend_in_agreement(backend):
+@pytest.mark.parametrize("backend", CHEAP_BACKENDS)
+def test_sinks_through_attention_keep_every_backend_in_agreement(backend):
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 1, 2, 20, 8)
+    scheme = posenc.SlidingWindow(4, posenc.Rope(8), num_sinks=2)
     pos = torch.arange(20)
-    mask = window_mask_with_sinks(pos, pos, 4, 2)
-    ref = posenc.attention(q, k, v, posenc.Rope(8), mask=mask, backend="explicit")
-    torch.testing.assert_close(posenc.attention(q, k, v, posenc.Rope(8), mask=mask, backend=backend), ref, atol=2e-5, rtol=1e-5)
-    _, w = posenc.attention(q, k, v, posenc.NoPE(), mask=mask, return_weights=True)
+    by_mask = posenc.attention(q, k, v, posenc.Rope(8), mask=mask_matrix(sliding_window(4, 2), pos, pos))
+    torch.testing.assert_close(posenc.attention(q, k, v, scheme, backend=backend), by_mask, atol=2e-5, rtol=1e-5)
+    _, w = posenc.attention(q, k, v, posenc.SlidingWindow(4, num_sinks=2), return_weights=True)
     assert bool((w[..., 10, :2] > 0).all()) and bool((w[..., 10, 2:7] == 0).all())  # sinks on, the gap off
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: window_mask_with_sinks([3], [0, 1, 2, 3], 2, -1), "num_sinks must be a non-negative integer"),
-    (lambda: window_mask_with_sinks([3], [0, 1, 2, 3], 2, 1.5), "num_sinks must be a non-negative integer"),
-    (lambda: window_mask_with_sinks([3], [0, 1, 2, 3], 0, 1), "window must be a positive integer"),
-    (lambda: window_mask_with_sinks([3.0], [0, 1], 2, 1), "q_positions must be integers"),
-    (lambda: window_mask_mod(0), "window must be a positive integer"),
-    (lambda: window_mask_mod(4, num_sinks=True), "num_sinks must be a non-negative integer"),
-    (lambda: window_mask_mod(4, q_offset=-1), "q_offset must be a non-negative integer"),
+    (lambda: sliding_window(2, -1), "num_sinks must be a non-negative integer"),
+    (lambda: sliding_window(2, 1.5), "num_sinks must be a non-negative integer"),
+    (lambda: sliding_window(0, 1), "window must be a positive integer"),
+    (lambda: sliding_window(4, num_sinks=True), "num_sinks must be a non-negative integer"),
+    (lambda: sliding_window(4, num_sinks=5), "num_sinks must not exceed the window"),
+    (lambda: posenc.SlidingWindow(4, num_sinks=5), "num_sinks must not exceed the window"),
+    (lambda: mask_matrix(causal, [3.0], [0, 1]), "q_positions must be integers"),
+    (lambda: mask_matrix(causal, torch.zeros(2, 2, dtype=torch.long), torch.arange(2)), "must be one-dimensional"),
+    (lambda: and_masks(), "and_masks needs at least one mask_mod"),
 ])
 def test_bad_arguments_are_named(call, words):
     with pytest.raises((ValueError, TypeError)) as info:

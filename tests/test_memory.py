@@ -2,7 +2,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.memory import cuda_peak_memory, peak_memory
+from posenc.score import relative
+from posenc.study.measure import cuda_peak_memory, peak_memory
 
 FLOAT = 4  # bytes of a float32
 
@@ -63,10 +64,10 @@ def test_count_is_the_same_on_every_run_and_dtype_aware():
 def test_shaw_naive_holds_an_l_by_l_by_d_tensor_and_gather_only_the_scores(length):
     d, k = 16, 4
     q, table = torch.randn(1, 1, length, d), torch.randn(2 * k + 1, d)
-    index = posenc.shaw_relative_index(length, length, k)
+    index = relative.shaw_relative_index(length, length, k)
     scores = length * length * FLOAT
-    assert peak_memory(posenc.shaw_key_scores, q, table, index, "naive") == (d + 1) * scores
-    assert peak_memory(posenc.shaw_key_scores, q, table, index, "gather") == scores + length * (2 * k + 1) * FLOAT
+    assert peak_memory(relative.shaw_key_scores, q, table, index, "naive") == (d + 1) * scores
+    assert peak_memory(relative.shaw_key_scores, q, table, index, "gather") == scores + length * (2 * k + 1) * FLOAT
 
 
 def test_bad_arguments_are_named():

@@ -1,3 +1,4 @@
+import math
 import importlib.util
 
 import pytest
@@ -6,6 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.kernel import bias_matrix
+from posenc.positions import relative_distance
+from posenc.score.masks import causal, mask_matrix
+from posenc.score import relative
+from posenc import desiderata as des
 
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 
@@ -56,9 +62,9 @@ def test_t5_default_bucket_map():
 
 def test_t5_bias_is_one_scalar_per_bucket_and_head():
     t5 = posenc.T5Bias(num_heads=3, num_buckets=8, max_distance=16)
-    bias = t5.score_bias(torch.arange(20), torch.arange(20))
+    bias = bias_matrix(t5, torch.arange(20), torch.arange(20))
     assert bias.shape == (3, 20, 20)
-    buckets = t5.buckets(torch.arange(20), torch.arange(20))
+    buckets = posenc.t5_relative_bucket(relative_distance(torch.arange(20), torch.arange(20)), True, 8, 16)
     for h in range(3):
         assert torch.equal(bias[h], t5.table[buckets, h])
     assert sum(p.numel() for p in t5.parameters()) == 8 * 3
@@ -67,7 +73,7 @@ def test_t5_bias_is_one_scalar_per_bucket_and_head():
 # --- Shaw et al. ----------------------------------------------------------------------------
 
 def test_shaw_index_is_clipped_relative_distance_shifted():
-    index = posenc.shaw_relative_index(4, 6, 2)
+    index = relative.shaw_relative_index(4, 6, 2)
     # queries are positions 2..5, keys 0..5
     expected = [[max(-2, min(2, j - i)) + 2 for j in range(6)] for i in range(2, 6)]
     assert index.tolist() == expected
@@ -76,7 +82,7 @@ def test_shaw_index_is_clipped_relative_distance_shifted():
 @settings(max_examples=30, deadline=None)
 @given(length=st.integers(1, 40), k=st.integers(1, 10))
 def test_clipping_makes_the_index_constant_past_max_distance(length, k):
-    index = posenc.shaw_relative_index(length, length, k)
+    index = relative.shaw_relative_index(length, length, k)
     assert int(index.min()) >= 0 and int(index.max()) <= 2 * k
     i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
     assert bool((index[(j - i) >= k] == 2 * k).all()) and bool((index[(j - i) <= -k] == 0).all())
@@ -87,9 +93,9 @@ def test_naive_and_gather_agree(q_len, k_len):
     q = torch.randn(2, 3, q_len, 8, dtype=torch.float64)
     weights = torch.rand(2, 3, q_len, k_len, dtype=torch.float64)
     table_k, table_v = torch.randn(2, 9, 8, dtype=torch.float64)
-    index = posenc.shaw_relative_index(q_len, k_len, 4)
-    torch.testing.assert_close(posenc.shaw_key_scores(q, table_k, index, "gather"), posenc.shaw_key_scores(q, table_k, index, "naive"))
-    torch.testing.assert_close(posenc.shaw_value_term(weights, table_v, index, "gather"), posenc.shaw_value_term(weights, table_v, index, "naive"))
+    index = relative.shaw_relative_index(q_len, k_len, 4)
+    torch.testing.assert_close(relative.shaw_key_scores(q, table_k, index, "gather"), relative.shaw_key_scores(q, table_k, index, "naive"))
+    torch.testing.assert_close(relative.shaw_value_term(weights, table_v, index, "gather"), relative.shaw_value_term(weights, table_v, index, "naive"))
 
 
 def test_shaw_attention_is_the_papers_equations():
@@ -98,19 +104,24 @@ def test_shaw_attention_is_the_papers_equations():
     shaw = posenc.ShawRelative(head_dim=4, max_distance=2, init_std=1.0)
     q, k, v = torch.randn(3, 1, 1, 5, 4)
     out, weights = posenc.attention(q, k, v, shaw, return_weights=True)
-    index = posenc.shaw_relative_index(5, 5, 2)
+    index = relative.shaw_relative_index(5, 5, 2)
     a_k, a_v = shaw.key_table[index], shaw.value_table[index]  # (5, 5, 4)
     e = torch.einsum("id,ijd->ij", q[0, 0], k[0, 0][None] + a_k) / 2.0
-    e = e.masked_fill(~posenc.causal_mask(torch.arange(5), torch.arange(5)), float("-inf"))
+    e = e.masked_fill(~mask_matrix(causal, torch.arange(5), torch.arange(5)), float("-inf"))
     alpha = e.softmax(-1)
     z = torch.einsum("ij,ijd->id", alpha, v[0, 0][None] + a_v)
     torch.testing.assert_close(weights[0, 0], alpha)
     torch.testing.assert_close(out[0, 0], z)
 
 
-def test_shaw_bias_needs_the_queries():
-    with pytest.raises(ValueError, match="depends on the queries"):
-        posenc.ShawRelative(8).score_bias(torch.arange(3), torch.arange(3))
+def test_shaw_bias_reads_the_queries_and_equals_the_naive_construction():
+    """The one definition (a score_mod over the 2k + 1 per-query products) equals the paper's (L, L, d) form."""
+    torch.manual_seed(0)
+    shaw = posenc.ShawRelative(8, max_distance=2, values=False, init_std=0.5)
+    q = torch.randn(2, 3, 7, 8)
+    pos = torch.arange(7)
+    naive = relative.shaw_key_scores(q, shaw.key_table, relative.clipped_relative_index(pos, pos, 2), "naive") / math.sqrt(8)
+    torch.testing.assert_close(bias_matrix(shaw, pos, pos, q=q), naive)
 
 
 # --- skewing and Transformer-XL ---------------------------------------------------------------
@@ -120,7 +131,7 @@ def test_shaw_bias_needs_the_queries():
 def test_skew_equals_a_gather_below_the_diagonal(length, seed):
     gen = torch.Generator().manual_seed(seed)
     q, r = torch.randn(2, length, 6, generator=gen, dtype=torch.float64)  # r row c: distance L - 1 - c
-    skewed = posenc.skew(q @ r.T)
+    skewed = relative.skew(q @ r.T)
     i, j = torch.meshgrid(torch.arange(length), torch.arange(length), indexing="ij")
     gathered = (q[:, None, :] * r[length - 1 - (i - j).clamp(min=0)]).sum(-1)
     causal = j <= i
@@ -134,7 +145,7 @@ def test_transformer_xl_terms():
     distances = torch.arange(length - 1, -1, -1)
     r = posenc.sinusoidal_encoding(distances, d, dtype=torch.float64) @ torch.randn(d, d, dtype=torch.float64)
     u, v = torch.randn(2, d, dtype=torch.float64)
-    terms = posenc.transformer_xl_logits(q, k, r, u, v)
+    terms = relative.transformer_xl_logits(q, k, r, u, v)
     i, j = 4, 1
     r_ij = r[length - 1 - (i - j)]
     assert torch.allclose(terms["a"][:, i, j], (q[:, i] * k[:, j]).sum(-1))
@@ -158,7 +169,7 @@ def test_learned_table_has_no_row_past_max_len():
 
 def test_learned_desiderata_past_the_table_raise():
     with pytest.raises(ValueError, match="outside the learned table"):
-        posenc.desiderata(posenc.LearnedAbsolute(max_len=64, dim=16), train_len=64, test_len=128)
+        des.desiderata(posenc.LearnedAbsolute(max_len=64, dim=16), train_len=64, test_len=128)
 
 
 def test_recurrent_positions_follow_their_recurrence_past_any_length():
@@ -177,13 +188,13 @@ def test_recurrent_positions_follow_their_recurrence_past_any_length():
     (lambda: posenc.t5_relative_bucket(torch.arange(3), max_distance=8), "max_distance must exceed the 8 exact buckets"),
     (lambda: posenc.t5_relative_bucket(torch.tensor([0.5])), "relative_position must be integers"),
     (lambda: posenc.T5Bias(4, num_buckets=7), "num_buckets must be even"),
-    (lambda: posenc.shaw_relative_index(3, 3, 0), "max_distance must be a positive integer"),
-    (lambda: posenc.shaw_relative_index(4, 3, 2), "q_len (4) must not exceed k_len (3)"),
+    (lambda: relative.shaw_relative_index(3, 3, 0), "max_distance must be a positive integer"),
+    (lambda: relative.shaw_relative_index(4, 3, 2), "q_len (4) must not exceed k_len (3)"),
     (lambda: posenc.ShawRelative(8, max_distance=0), "max_distance must be a positive integer"),
     (lambda: posenc.ShawRelative(8, method="skewed"), "method must be one of 'gather', 'naive'"),
     (lambda: posenc.LearnedAbsolute(0, 8), "max_len must be a positive integer"),
     (lambda: posenc.LearnedAbsolute(8, 8).embed(torch.tensor([1.5])), "positions must be integers"),
-    (lambda: posenc.skew(torch.zeros(3, 4)), "must be square"),
+    (lambda: relative.skew(torch.zeros(3, 4)), "must be square"),
 ])
 def test_bad_arguments_are_named(call, words):
     with pytest.raises((ValueError, TypeError), match=words.replace("(", r"\(").replace(")", r"\)")):

@@ -1,15 +1,16 @@
 from pathlib import Path
 
 import posenc
+from posenc.study import results
 
 
 def test_read_result_reads_the_local_folder_and_says_none_for_a_missing_file(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
-    assert posenc.read_result("x.csv", tmp_path) == "a,b\n1,2\n"
+    assert results.read_result("x.csv", tmp_path) == "a,b\n1,2\n"
     # posenc is installed editable here (no git origin recorded): nothing to fetch, no network touched
-    assert posenc.read_result("no-such-file.csv", tmp_path) is None
+    assert results.read_result("no-such-file.csv", tmp_path) is None
 
 
 def test_the_stored_results_of_the_closing_chapters_are_found_from_chapters():
     for name in ("extrapolation_cpu.csv", "extrapolation_cpu.json", "benchmark_cpu.csv", "benchmark_cpu.json"):
-        assert posenc.read_result(name, Path(__file__).parents[1] / "chapters" / "results"), name
+        assert results.read_result(name, Path(__file__).parents[1] / "chapters" / "results"), name

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.qk import rope as qk_rope
 
 DIMS = [2, 8, 64, 128]
 
@@ -34,7 +35,7 @@ def test_matrix_form_agrees(layout):
     inv_freq, _ = posenc.rope_frequencies(32)
     positions = torch.tensor([0, 1, 7, 300, 4095])
     rotated = posenc.apply_rope(x, positions, inv_freq, layout)
-    by_matrix = torch.stack([posenc.rope_rotation_matrix(p, inv_freq, layout) @ x[i].double() for i, p in enumerate(positions.tolist())])
+    by_matrix = torch.stack([qk_rope.rope_rotation_matrix(p, inv_freq, layout) @ x[i].double() for i, p in enumerate(positions.tolist())])
     # float32 angles at position 4095 are off by up to ~4095 * 2^-24 rad
     assert torch.allclose(rotated.double(), by_matrix, atol=1e-3)
 
@@ -44,7 +45,7 @@ def test_complex_form_agrees_with_interleaved():
     x = torch.randn(2, 4, 9, 64)
     inv_freq, _ = posenc.rope_frequencies(64)
     positions = torch.arange(100, 109)
-    assert torch.allclose(posenc.apply_rope_complex(x, positions, inv_freq), posenc.apply_rope(x, positions, inv_freq, "interleaved"), atol=1e-5)
+    assert torch.allclose(qk_rope.apply_rope_complex(x, positions, inv_freq), posenc.apply_rope(x, positions, inv_freq, "interleaved"), atol=1e-5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -76,14 +77,14 @@ def test_norms_are_preserved(p, layout, seed):
 def test_rotations_compose(m, n):
     inv_freq, _ = posenc.rope_frequencies(16)
     for layout in posenc.LAYOUTS:
-        r = posenc.rope_rotation_matrix
+        r = qk_rope.rope_rotation_matrix
         assert torch.allclose(r(m, inv_freq, layout).T @ r(n, inv_freq, layout), r(n - m, inv_freq, layout), atol=1e-9)
 
 
 def test_the_row_permutation_maps_interleaved_to_half():
     torch.manual_seed(0)
     head_dim, seq = 32, 11
-    perm = posenc.interleaved_to_half_permutation(head_dim)
+    perm = qk_rope.interleaved_to_half_permutation(head_dim)
     inv_freq, _ = posenc.rope_frequencies(head_dim)
     x = torch.randn(2, 3, seq, head_dim)
     positions = torch.arange(seq)
@@ -97,23 +98,34 @@ def test_the_row_permutation_maps_interleaved_to_half():
     assert not torch.allclose(q_i @ k_i.T, q_wrong @ k_wrong.T, atol=1.0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
+    """In half precision the angles, cos and sin are float32, rounded once to the dtype; the rotation runs in the dtype (as Hugging Face)."""
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 4, 64).to(dtype)
     positions = torch.tensor([0, 1000, 20001, 65535])
     y = posenc.apply_rope(x, positions, inv_freq)
     assert y.dtype == dtype
-    reference = posenc.apply_rope(x.float(), positions, inv_freq)
-    assert torch.allclose(y.float(), reference.to(dtype).float())
+    cos, sin = qk_rope.rope_cos_sin(positions, inv_freq, x.float())
+    expected = qk_rope.rotate_pairs(x, cos.to(dtype), sin.to(dtype))
+    assert torch.equal(y, expected)
+    reference = posenc.apply_rope(x.float(), positions, inv_freq)  # all in float32: within a few units of the dtype's rounding
+    assert float((y.float() - reference).abs().max()) <= 4 * torch.finfo(dtype).eps * float(x.float().abs().max())
+
+
+def test_float64_inputs_get_float64_angles():
+    inv_freq, _ = posenc.rope_frequencies(64)
+    x = torch.randn(1, 1, 2, 64, dtype=torch.float64)
+    by64 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([65535, 3], inv_freq, torch.float64))
+    assert torch.equal(posenc.apply_rope(x, torch.tensor([65535, 3]), inv_freq), by64)
 
 
 def test_bf16_angles_drift_and_fp32_angles_do_not():
     inv_freq, _ = posenc.rope_frequencies(128)
     positions = torch.arange(30000, 30100)
-    exact = posenc.rope_angles(positions, inv_freq, torch.float64)
-    err32 = (posenc.rope_angles(positions, inv_freq, torch.float32).double() - exact).abs().max()
-    err16 = (posenc.rope_angles(positions, inv_freq, torch.bfloat16).double() - exact).abs().max()
+    exact = qk_rope.rope_angles(positions, inv_freq, torch.float64)
+    err32 = (qk_rope.rope_angles(positions, inv_freq, torch.float32).double() - exact).abs().max()
+    err16 = (qk_rope.rope_angles(positions, inv_freq, torch.bfloat16).double() - exact).abs().max()
     assert err32 < 1e-2
     assert err16 > 10.0  # bf16 keeps 8 significant bits: position 30001 rounds by up to 64
 
@@ -145,21 +157,22 @@ def test_apply_rope_is_apply_rope_angles_of_rope_angles(layout, dtype):
     x = torch.randn(2, 3, 6, 16).to(dtype)
     inv_freq, _ = posenc.rope_frequencies(16)
     positions = torch.tensor([0, 3, 99, 1000, 4096, 50000])
-    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), posenc.apply_rope_angles(x, posenc.rope_angles(positions, inv_freq), layout))
+    angle_dtype = torch.promote_types(dtype, torch.float32)
+    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), qk_rope.apply_rope_angles(x, qk_rope.rope_angles(positions, inv_freq, angle_dtype), layout))
 
 
 def test_apply_rope_angles_in_float64_is_more_exact():
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 64, dtype=torch.float64)
-    exact = posenc.apply_rope_complex(x[..., :], [70000], inv_freq)
-    by64 = posenc.apply_rope_angles(x, posenc.rope_angles([70000], inv_freq, torch.float64), "interleaved")
-    by32 = posenc.apply_rope_angles(x, posenc.rope_angles([70000], inv_freq, torch.float32), "interleaved")
+    exact = qk_rope.apply_rope_complex(x[..., :], [70000], inv_freq)
+    by64 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float64), "interleaved")
+    by32 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float32), "interleaved")
     assert (by64 - exact).abs().max() < 1e-12 < (by32 - exact).abs().max()
 
 
 def test_decay_bound_starts_at_one_and_falls_on_average():
     inv_freq, _ = posenc.rope_frequencies(128)
-    bound = posenc.rope_decay_bound(torch.arange(0, 4096), inv_freq)
+    bound = qk_rope.rope_decay_bound(torch.arange(0, 4096), inv_freq)
     assert bound[0].item() == pytest.approx((128 / 2 + 1) / 2)  # |S_j| = j at distance 0, averaged over j = 1..d/2
     assert bound[1024:].mean() < bound[:16].mean() / 4
 
@@ -174,5 +187,5 @@ def test_decay_bound_bounds_the_logit():
     h = torch.cat((h[0], torch.zeros(1, dtype=h.dtype)))  # h_{d/2 + 1} = 0
     step = (h[1:] - h[:-1]).abs().max()
     for r in [0, 1, 5, 40, 300, 2000]:
-        logit = posenc.apply_rope_complex(q, [r], inv_freq) @ k.T
-        assert abs(logit.item()) <= step * posenc.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9
+        logit = qk_rope.apply_rope_complex(q, [r], inv_freq) @ k.T
+        assert abs(logit.item()) <= step * qk_rope.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9

@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 
 import hf_reference as ref
 import posenc
+from posenc.qk import rope_scaling
+from posenc.qk import rope as qk_rope
+from posenc import core
 
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 SOURCES = ["frozen", pytest.param("live", marks=pytest.mark.skipif(not HAVE_HF, reason="transformers not installed"))]
@@ -28,8 +31,23 @@ def test_every_rope_type_agrees_with_hugging_face(hf, case):
         extra = {"max_position_embeddings": max_len}
     inv_freq, factor = posenc.rope_frequencies(head_dim, base, rope_type, **params, **extra)
     expected_freq, expected_factor = hf[ref.scaling_case_id(case)]
-    torch.testing.assert_close(inv_freq, torch.tensor(expected_freq, dtype=torch.float32), atol=0, rtol=2e-6)
+    expected_freq = torch.tensor(expected_freq, dtype=torch.float32)
+    torch.testing.assert_close(inv_freq, expected_freq, atol=0, rtol=2e-6)
     assert factor == pytest.approx(expected_factor, rel=1e-12)
+    # numerics="transformers" reproduces transformers' float32 arithmetic bit for bit
+    exact, exact_factor = posenc.rope_frequencies(head_dim, base, rope_type, numerics="transformers", **params, **extra)
+    assert torch.equal(exact, expected_freq) and exact_factor == expected_factor
+    rope = posenc.Rope(head_dim, base, rope_type=rope_type, numerics="transformers", **params, **extra)
+    assert torch.equal(rope.inv_freq, expected_freq)
+
+
+@pytest.mark.parametrize("head_dim, base", ref.ROPE_CASES)
+def test_default_frequencies_with_transformers_numerics_are_llamas_bit_for_bit(head_dim, base):
+    expected = torch.tensor(ref.frozen()["rope_inv_freq"][f"{head_dim}@{base:g}"], dtype=torch.float32)
+    assert torch.equal(posenc.rope_frequencies(head_dim, base, numerics="transformers")[0], expected)
+    default = posenc.rope_frequencies(head_dim, base)[0]
+    ulps = ((default.double() - expected.double()).abs() / torch.finfo(torch.float32).eps / expected.double()).max()
+    assert ulps <= 4  # the float64 default is a few float32 ulps from transformers' float32 arithmetic
 
 
 FACTOR_ONE = {
@@ -110,10 +128,10 @@ def test_dynamic_ntk_with_a_kv_cache_is_not_one_full_pass():
 @given(half=st.integers(8, 64), factor=st.floats(1.5, 64.0), beta_fast=st.floats(8.0, 64.0), beta_slow=st.floats(0.5, 2.0), truncate=st.booleans())
 def test_yarn_ramp_is_continuous_and_monotone(half, factor, beta_fast, beta_slow, truncate):
     head_dim = 2 * half
-    ramp = posenc.yarn_ramp(head_dim, 10000.0, 4096, beta_fast, beta_slow, truncate)
+    ramp = rope_scaling.yarn_ramp(head_dim, 10000.0, 4096, beta_fast, beta_slow, truncate)
     assert bool((ramp[1:] >= ramp[:-1]).all()) and float(ramp.min()) >= 0 and float(ramp.max()) <= 1
-    low = max(math.floor(posenc.yarn_correction_dim(beta_fast, head_dim, 10000.0, 4096)) if truncate else posenc.yarn_correction_dim(beta_fast, head_dim, 10000.0, 4096), 0)
-    high = min(math.ceil(posenc.yarn_correction_dim(beta_slow, head_dim, 10000.0, 4096)) if truncate else posenc.yarn_correction_dim(beta_slow, head_dim, 10000.0, 4096), head_dim - 1)
+    low = max(math.floor(rope_scaling.yarn_correction_dim(beta_fast, head_dim, 10000.0, 4096)) if truncate else rope_scaling.yarn_correction_dim(beta_fast, head_dim, 10000.0, 4096), 0)
+    high = min(math.ceil(rope_scaling.yarn_correction_dim(beta_slow, head_dim, 10000.0, 4096)) if truncate else rope_scaling.yarn_correction_dim(beta_slow, head_dim, 10000.0, 4096), head_dim - 1)
     width = max(high - low, 1e-3)
     assert float((ramp[1:] - ramp[:-1]).max()) <= 1 / width + 1e-5  # no jump larger than one ramp step
     inv_freq, _ = posenc.rope_frequencies(head_dim, rope_type="yarn", factor=factor, original_max_position_embeddings=4096, beta_fast=beta_fast, beta_slow=beta_slow, truncate=truncate)
@@ -125,9 +143,9 @@ def test_yarn_ramp_is_continuous_and_monotone(half, factor, beta_fast, beta_slow
 def test_yarn_temperature_is_applied_once_to_cos_and_sin():
     inv_freq, mscale = posenc.rope_frequencies(64, rope_type="yarn", factor=16.0, original_max_position_embeddings=4096)
     assert mscale == pytest.approx(0.1 * math.log(16.0) + 1)
-    q, k = torch.randn(2, 1, 1, 64)
+    q, k = torch.randn(2, 1, 1, 1, 64)
     rope = posenc.Rope(64, rope_type="yarn", factor=16.0, original_max_position_embeddings=4096)
-    logit = posenc.attention_logits(q, k, rope, torch.tensor([5]), torch.tensor([2]), 1.0)
+    logit = core.attention_logits(q, k, rope, torch.tensor([5]), torch.tensor([2]), 1.0)
     unscaled = posenc.apply_rope(q, [5], inv_freq) @ posenc.apply_rope(k, [2], inv_freq).transpose(-1, -2)
     torch.testing.assert_close(logit, unscaled * mscale**2)  # once on q and once on k: the logit gets its square
 
@@ -143,11 +161,12 @@ def test_llama3_blend_is_continuous_at_its_band_edges(low, gap, factor):
     torch.testing.assert_close(inv_freq[short], plain[short])
     torch.testing.assert_close(inv_freq[long], plain[long] / factor)
     # the blend, written as a function of original / wavelength, meets both bands at their edges
-    ratio = original / wavelength
+    exact = rope_scaling.default_inv_freq(128, 500000.0)  # float64: the float32 frequencies would blur the ratio
+    ratio = original / (2 * math.pi / exact)
     blend = lambda r: ((1 - (r - low) / (high - low)) / factor + (r - low) / (high - low))  # noqa: E731
     assert blend(torch.tensor(high)).item() == pytest.approx(1.0) and blend(torch.tensor(low)).item() == pytest.approx(1 / factor)
     medium = ~short & ~long
-    torch.testing.assert_close(inv_freq[medium].double(), plain[medium].double() * blend(ratio[medium]), atol=0, rtol=1e-6)
+    torch.testing.assert_close(inv_freq[medium].double(), exact[medium] * blend(ratio[medium]), atol=0, rtol=1e-6)
 
 
 @pytest.mark.parametrize("call, words", [
@@ -170,7 +189,7 @@ def test_bad_scaling_arguments_are_named(call, words):
 
 
 def test_rope_parameters_lists_hugging_face_names():
-    assert set(posenc.rope_parameters("yarn")) == {
+    assert set(qk_rope.rope_parameters("yarn")) == {
         "original_max_position_embeddings", "factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate", "max_position_embeddings",
     }
-    assert set(posenc.rope_parameters("llama3")) == {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
+    assert set(qk_rope.rope_parameters("llama3")) == {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
+from posenc.input import sinusoidal
 
 
 def formula(p: float, c: int, dim: int, base: float = 10000.0) -> float:
@@ -38,7 +39,7 @@ def test_real_positions_are_accepted():
 
 
 def test_wavelengths_are_geometric_from_2pi_to_2pi_base():
-    w = posenc.sinusoidal_wavelengths(128)
+    w = sinusoidal.sinusoidal_wavelengths(128)
     assert w.shape == (64,)
     assert math.isclose(w[0].item(), 2 * math.pi)
     ratio = w[1:] / w[:-1]
@@ -50,7 +51,7 @@ def test_wavelengths_are_geometric_from_2pi_to_2pi_base():
 @given(p=st.integers(0, 5000), k=st.integers(-500, 500), half=st.integers(1, 32))
 def test_shift_by_k_is_a_fixed_rotation(p, k, half):
     dim = 2 * half
-    m = posenc.shift_rotation(k, dim)
+    m = sinusoidal.shift_rotation(k, dim)
     pe = posenc.sinusoidal_encoding(torch.tensor([p, p + k]), dim, dtype=torch.float64)
     assert torch.allclose(m @ pe[0], pe[1], atol=1e-9)
     assert torch.allclose(m @ m.T, torch.eye(dim, dtype=torch.float64), atol=1e-12)
@@ -72,7 +73,7 @@ def test_scheme_embeds_the_table():
 def test_float32_angles_at_large_positions_are_off_and_float64_angles_are_not():
     positions = torch.tensor([100000])
     exact = torch.tensor([[formula(100000.0, c, 64) for c in range(64)]], dtype=torch.float64)
-    angles32 = posenc.sinusoidal_angles(positions, 64, dtype=torch.float32).double()
+    angles32 = sinusoidal.sinusoidal_angles(positions, 64, dtype=torch.float32).double()
     table32 = torch.where(torch.arange(64) % 2 == 0, angles32.sin(), angles32.cos())
     assert (table32 - exact).abs().max() > 1e-3
     assert (posenc.sinusoidal_encoding(positions, 64).double() - exact).abs().max() < 1e-6
@@ -82,9 +83,9 @@ def test_the_four_logit_terms_add_up_to_the_logit():
     torch.manual_seed(0)
     content, code = torch.randn(2, 7, 16)
     w_q, w_k = torch.randn(2, 16, 8)
-    terms = posenc.input_logit_terms(content, code, w_q, w_k)
+    terms = sinusoidal.input_logit_terms(content, code, w_q, w_k)
     x = (content + code).double()
     logit = (x @ w_q.double()) @ (x @ w_k.double()).T / math.sqrt(8)
     assert torch.allclose(sum(terms.values()), logit)
     with pytest.raises(ValueError, match="must have the same shape"):
-        posenc.input_logit_terms(content, code[:3], w_q, w_k)
+        sinusoidal.input_logit_terms(content, code[:3], w_q, w_k)

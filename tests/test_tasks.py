@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.tasks import IGNORE_INDEX, lag_copy, lag_copy_batches
+from posenc.study.tasks import IGNORE_INDEX, lag_copy, lag_copy_batches
 
 
 @settings(max_examples=50, deadline=None)
