@@ -16,8 +16,8 @@ class KVCache:
     append of n entries it keeps the W - 1 entries before them and the n themselves,
     which is exactly what the chunk's queries can see, so memory stays O(W + n) however
     long the stream, and a prefill of any chunk size gives the outputs of one full pass.
-    With attention sinks (`SlidingWindow(..., num_sinks=S)`) the first S entries are
-    kept as well. Each cached key keeps the position it was appended at: under RoPE a
+    With attention sinks (`SlidingWindow(..., num_sinks=S)`) the entries at positions
+    0..S-1 are kept as well. Each cached key keeps the position it was appended at: under RoPE a
     sink's key stays rotated by its original position, so the distance from a late
     query to a sink grows with the stream (StreamingLLM instead re-numbers positions
     inside the cache; posenc does not).
@@ -57,7 +57,10 @@ class KVCache:
         recent = window - 1 + appended  # what the newest chunk's queries can still see
         if len(self) <= sinks + recent:
             return
-        keep = torch.cat((torch.arange(sinks), torch.arange(len(self) - recent, len(self)))).to(self.keys.device)
+        is_sink = self.positions < sinks  # the sinks are positions, as in the mask: a stream not starting at 0 has none
+        is_sink = (is_sink.all(0) if is_sink.ndim == 2 else is_sink).to(self.keys.device)
+        is_sink[len(self) - recent :] = False
+        keep = torch.cat((is_sink.nonzero().flatten(), torch.arange(len(self) - recent, len(self), device=self.keys.device)))
         self.keys, self.values = self.keys.index_select(2, keep), self.values.index_select(2, keep)
         self.positions = self.positions.index_select(-1, keep.to(self.positions.device))
 

@@ -91,7 +91,7 @@ def test_study_writes_tidy_results_and_resumes(tmp_path):
     assert set(rows[0]) == {"run", *xp.COLUMNS}
     assert {r["task"] for r in rows} == {"lm", "passkey"}
     meta = json.loads(json_path.read_text())
-    for key in ("preset", "config", "device", "dtype", "versions", "git", "date", "threads", "cpu_count", "platform", "load_average_start", "corpus_sha256", "corpus_bytes", "wall_seconds", "load_at_end"):
+    for key in ("preset", "config", "device", "dtype", "versions", "git", "date", "threads", "cpu_count", "platform", "load_average_start", "corpus_sha256", "corpus_bytes", "wall_seconds", "load_average_end"):
         assert key in meta
     assert meta["versions"]["torch"] == torch.__version__ and meta["device"]["type"] == "cpu"
     assert set(meta["wall_seconds"]) == {"lm/alibi/0", "lm/learned/0", "passkey/alibi/0", "passkey/learned/0"}

@@ -259,7 +259,7 @@ def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool =
             json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         if not quiet:
             progress(len(todo), len(todo), "done")
-    meta["load_at_end"] = load_average()
+    meta["load_average_end"] = load_average()
     json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return csv_path, json_path
 
