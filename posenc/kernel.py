@@ -132,13 +132,15 @@ def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tens
 def bias_matrix(scheme: Scheme, q_positions, k_positions, num_heads: int | None = None, q: torch.Tensor | None = None) -> torch.Tensor | None:
     """The dense bias a score scheme adds for explicit 1-D positions: (num_heads, len(q), len(k)), or None.
 
-    The same evaluation of the one definition that posenc.attention uses; for a
-    scheme whose bias reads the queries (Shaw), pass q (batch, heads, q_len, head_dim)
-    and get (batch, heads, q_len, k_len).
+    The same evaluation of the one definition that posenc.attention uses, on the
+    device of the scheme's tables. The head count is `num_heads`, else the scheme's own
+    `num_heads`, else 1. For a scheme whose bias reads the queries (Shaw), pass q
+    (batch, heads, q_len, head_dim) and get (batch or 1, heads, q_len, k_len).
     """
     heads = num_heads or getattr(scheme, "num_heads", None) or getattr(getattr(scheme, "inner", None), "num_heads", None) or 1
     q_pos, k_pos = torch.as_tensor(q_positions), torch.as_tensor(k_positions)
-    like = torch.zeros(1, heads, len(q_pos), 1) if q is None else q
+    device = next(iter([*scheme.parameters(), *scheme.buffers()]), torch.zeros(())).device  # where the scheme's tables live
+    like = torch.zeros(1, heads, len(q_pos), 1, device=device) if q is None else q
     positions = Positions.resolve(q_pos, k_pos, len(q_pos), len(k_pos), like.shape[0], like.device)
     table = bias_table(scheme, positions, like)
     if table is None:

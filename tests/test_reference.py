@@ -72,3 +72,18 @@ def test_t5_buckets_equal_t5attention(hf, bidirectional, num_buckets, max_distan
     rel = torch.arange(*ref.T5_RANGE)
     ours = posenc.t5_relative_bucket(rel, bidirectional, num_buckets, max_distance)
     assert ours.tolist() == hf["t5_buckets"][f"{bidirectional}/{num_buckets}/{max_distance}"]
+
+
+@pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_rotation_is_llamas_bit_for_bit_with_the_same_cos_and_sin(dtype):
+    """Products rounded before the sum, as q * cos + rotate_half(q) * sin: the same bits in float32 and bf16."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 50, 64).to(dtype)
+    rope = posenc.Rope(64, numerics="transformers")
+    cos, sin = rope.cos_sin(range(50), q)
+    expected = apply_rotary_pos_emb(q, q, torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])[0]
+    assert torch.equal(rope.transform_qk(q, range(50)), expected)
+    assert torch.equal(posenc.apply_rope(q, torch.arange(50), rope.inv_freq), expected)

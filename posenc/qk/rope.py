@@ -130,19 +130,23 @@ def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
     """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, head_dim/2).
 
-    Without gradients the result is written in place into one output tensor: four
-    fused multiply-adds over half the elements, no rotate_half copy. With gradients
-    the same arithmetic runs out of place (torch's out= does not record a graph).
+    Each product is rounded before the sum, as in Hugging Face's `q * cos + rotate_half(q) * sin`,
+    so with the same cos and sin the result is bit-identical to it. Without gradients it is
+    written into one output tensor with a single half-size scratch buffer (no rotate_half
+    copy, no full-size temporaries); with gradients the same arithmetic runs out of place
+    (torch's out= records no graph).
     """
     x1, x2 = _pairs(x, layout)
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
-        first, second = torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)
+        first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
         return torch.cat((first, second), -1) if layout == "half" else torch.stack((first, second), -1).flatten(-2)
     shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)
     out = torch.empty(shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
     o1, o2 = _pairs(out, layout)
-    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
+    scratch = torch.mul(x2, sin)
+    torch.mul(x1, cos, out=o1).sub_(scratch)
+    torch.mul(x1, sin, out=scratch)
+    torch.mul(x2, cos, out=o2).add_(scratch)
     return out
 
 
@@ -152,9 +156,9 @@ def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str =
     x is `(..., seq_len, head_dim)`; positions is `(seq_len,)`, `(batch, seq_len)` for x
     of shape (batch, heads, seq_len, head_dim), or broadcastable to `x.shape[:-1]`
     (integers, or real numbers for interpolated positions). `layout="half"` pairs
-    dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles are
-    formed in float32 whatever x's dtype; the result has x's dtype. cos and sin are
-    multiplied by `attention_factor`.
+    dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles and
+    their cos and sin are formed in float32 (float64 for float64 inputs), then cast to
+    x's dtype, in which the rotation runs; cos and sin are multiplied by `attention_factor`.
     """
     _check_x(x)
     choice("layout", layout, LAYOUTS)

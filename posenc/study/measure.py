@@ -91,3 +91,64 @@ def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
     peak = torch.cuda.max_memory_allocated(device) - before
     del out
     return peak
+
+
+def summarize(times_ms: list[float]) -> tuple[float, float, float]:
+    """Median and the first and third quartiles (inclusive method) of repeated timings."""
+    import statistics
+
+    if len(times_ms) == 1:
+        return times_ms[0], times_ms[0], times_ms[0]
+    q25, median, q75 = statistics.quantiles(times_ms, n=4, method="inclusive")
+    return median, q25, q75
+
+
+def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of `repeats` calls after `warmup` calls: CUDA events on a GPU, perf_counter elsewhere."""
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def peak_rss(fn: Callable, *args, **kwargs) -> int:
+    """Growth of the process's peak resident memory during fn(*args, **kwargs), in bytes (Linux).
+
+    Unlike peak_memory it sees everything, compiled kernels and their scratch included, and
+    it does not intercept operators (a TorchDispatchMode makes compiled code fall back to
+    eager). The peak is reset through /proc/self/clear_refs first; allocations of a few
+    kilobytes that the allocator keeps are invisible to it. Raises OSError elsewhere.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident size
+    before = _status_bytes("VmRSS")
+    out = fn(*args, **kwargs)
+    peak = _status_bytes("VmHWM") - before
+    del out
+    return max(peak, 0)
