@@ -1,4 +1,4 @@
-"""The cost benchmark (posenc.benchmark): paths agree with the explicit one, skips carry reasons, files are tidy.
+"""The cost benchmark (posenc.study.benchmark): paths agree with the explicit one, skips carry reasons, files are tidy.
 
 Everything runs on the CPU with the tiny preset (seconds). No test looks at how long
 anything took: timings are only checked to be well formed.
@@ -14,13 +14,14 @@ import sys
 import pytest
 import torch
 
-import posenc.benchmark as bench
+import posenc.study.benchmark as bench
+from posenc.study import bench_paths, runinfo
 
 TINY = bench.PRESETS["tiny"]
 CPU = torch.device("cpu")
 ATTENTION = [(scheme, path) for scheme, paths in bench.SCHEME_PATHS.items() for path in paths]
-FLEX = (*bench.FLEX_PATHS, "flex_eager")
-NO_CPU_BACKWARD = "FlexAttention does not support backward on CPU"
+FLEX = ("flex", "flex_uncompiled")
+NO_CPU_BACKWARD = "FlexAttention has no backward pass on the CPU"
 
 
 @pytest.fixture(scope="module")
@@ -34,21 +35,22 @@ def expected_skip(row) -> str | None:
     """The reasons the tiny preset may skip a row on a CPU; None where it must run."""
     if row["path"] in FLEX and row["pass"] == bench.BACKWARD and not torch.cuda.is_available():
         return NO_CPU_BACKWARD
-    if row["path"] == "hf_eager":
+    if row["path"] in ("hf_eager", "flex"):
         return "left out of the tiny preset"
     return None
 
 
 def test_every_planned_measurement_has_one_row(tiny_run):
     rows, _, _ = tiny_run
-    keys = [(r["scheme"], r["path"], r["pass"], r["seq_len"], r["batch"]) for r in rows]
+    keys = [(r["scheme"], r["path"], r["pass"], r["seq_len"], r["batch"], r["dtype"]) for r in rows]
     assert len(keys) == len(set(keys))  # one row per measurement
-    planned = {(t.scheme, t.path, t.pass_, t.seq_len, t.batch) for t in bench.plan("tiny")}
-    assert planned | {("matmul", "mm", bench.FORWARD, TINY.matmul_size, 1)} == set(keys)
+    planned = {(t.scheme, t.path, t.pass_, t.seq_len, t.batch, t.dtype_name or "float32") for t in bench.plan("tiny")}
+    assert planned | {("matmul", "mm", bench.FORWARD, TINY.matmul_size, 1, "float32")} == set(keys)
     for length in TINY.lengths:
         for scheme, path in ATTENTION:
             for pass_ in bench.PASSES:
-                assert (scheme, path, pass_, length, TINY.batch) in planned
+                assert (scheme, path, pass_, length, TINY.batch, "float32") in planned
+        assert ("rope", "posenc", bench.FORWARD, length, TINY.batch, "bfloat16") in planned
 
 
 def test_each_path_runs_and_agrees_with_the_explicit_path(tiny_run):
@@ -62,12 +64,13 @@ def test_each_path_runs_and_agrees_with_the_explicit_path(tiny_run):
         if row["scheme"] == "matmul":
             continue
         assert row["check_seq_len"] == row["seq_len"]
-        assert row["max_abs_err"] <= bench.TOLERANCE[torch.float32], row
+        assert row["max_abs_err"] <= bench_paths.TOLERANCE[getattr(torch, row["dtype"])], row
         assert row["q25_ms"] <= row["median_ms"] <= row["q75_ms"] and row["repeats"] == TINY.repeats
-        if row["path"] not in FLEX:
-            assert row["peak_mem_bytes"] > 0 and row["reason"] == "", row
-        else:  # the CPU counter cannot enter FlexAttention: said so, with the time still measured
-            assert row["peak_mem_bytes"] is None and "peak memory not measured" in row["reason"]
+        assert row["reason"] == "", row
+        if row["path"] in FLEX or row["path"] == "posenc_compiled":  # no dispatch mode around compiled code: the resident peak
+            assert row["memory_counter"] == "process_rss" and row["peak_mem_bytes"] >= 0, row
+        else:
+            assert row["memory_counter"] == "tensors" and row["peak_mem_bytes"] > 0, row
 
 
 def test_skipped_rows_carry_reasons(tiny_run):
@@ -90,7 +93,7 @@ def test_the_csv_is_tidy(tiny_run):
     records = [dict(zip(header, line)) for line in lines]
     for r in records:
         assert r["preset"] == "tiny" and r["status"] in ("ok", "skipped")
-        assert r["pass"] in bench.PASSES and r["dtype"] == "float32"
+        assert r["pass"] in bench.PASSES and r["dtype"] in ("float32", "bfloat16") and (r["dtype"] == "float32" or r["scheme"] == "rope")
         for column in ("seq_len", "batch", "heads", "head_dim"):
             assert int(r[column]) > 0
         for column in ("median_ms", "q25_ms", "q75_ms", "peak_mem_bytes", "flops", "bytes_moved", "max_abs_err"):
@@ -117,35 +120,36 @@ def test_the_metadata_is_complete(tiny_run):
 
 
 def test_a_path_that_disagrees_is_skipped_by_its_check(monkeypatch):
-    runner = bench.Runner(TINY, CPU, torch.float32)
+    runner = bench_paths.Runner(TINY, CPU, torch.float32)
     good = runner.attention_fn
 
-    def slightly_wrong(scheme, path, length):
-        fn = good(scheme, path, length)
+    def slightly_wrong(scheme, path):
+        fn = good(scheme, path)
         return fn if path == "explicit" else (lambda q, k, v: fn(q, k, v) * 1.01)
 
     monkeypatch.setattr(runner, "attention_fn", slightly_wrong)
-    task = bench.Task("alibi", "sdpa_mask", bench.FORWARD, 64, 1)
-    with pytest.raises(bench.SkipPath, match="check failed"):
-        runner.check(task, lambda length: True)
-    row = runner.execute(task, lambda t, length: True)
+    task = bench.Task("alibi", "sdpa", bench.FORWARD, 64, 1)
+    with pytest.raises(bench_paths.SkipPath, match="check failed"):
+        runner.check(task, 64)
+    row = bench.execute(runner, task, lambda t, length: True)
     assert row["status"] == "skipped" and row["reason"].startswith("check failed")
 
 
-@pytest.mark.parametrize("scheme,path", [(s, p) for s, p in ATTENTION if p not in bench.FLEX_PATHS])
+@pytest.mark.parametrize("scheme,path", [(s, p) for s, p in ATTENTION if p != "flex"])
 def test_each_path_matches_its_reference_forward_and_backward(scheme, path):
-    runner = bench.Runner(TINY, CPU, torch.float32)
+    runner = bench_paths.Runner(TINY, CPU, torch.float32)
     for pass_ in bench.PASSES:
-        if path == "flex_eager" and pass_ == bench.BACKWARD:
+        if path == "flex_uncompiled" and pass_ == bench.BACKWARD:
             continue  # no FlexAttention backward on the CPU
-        error, length = runner.check(bench.Task(scheme, path, pass_, 64, 1), lambda length: True)
-        assert length == 64 and error <= bench.TOLERANCE[torch.float32]
+        error = runner.check(bench.Task(scheme, path, pass_, 64, 1), 64)
+        assert error <= bench_paths.TOLERANCE[torch.float32]
 
 
 def test_gpu_preset_configuration_and_plan():
     gpu = bench.PRESETS["gpu"]
-    assert gpu.device == "cuda" and gpu.lengths == (512, 1024, 2048, 4096, 8192, 16384) and gpu.long_lengths == (32768,)
-    assert gpu.compile_flex and not gpu.flex_eager and gpu.max_bytes is None
+    assert gpu.device == "cuda" and sorted(gpu.lengths) == [512, 1024, 2048, 4096, 8192, 16384] and gpu.long_lengths == (32768,)
+    assert gpu.lengths[:3] == (4096, 8192, 16384)  # the lengths the goals need run first
+    assert gpu.compile_flex and not gpu.flex_uncompiled and gpu.max_bytes is None
     assert bench.choose_dtype(torch.device("cuda"), bf16_supported=True) == torch.bfloat16
     assert bench.choose_dtype(torch.device("cuda"), bf16_supported=False) == torch.float16  # Colab's free T4
     assert bench.choose_dtype(CPU) == torch.float32
@@ -158,7 +162,7 @@ def test_gpu_preset_configuration_and_plan():
         for pass_ in bench.PASSES:
             assert by_key[("nope", "sdpa_causal", pass_, length)].skip is None  # the baseline runs at every length
             assert by_key[("alibi", "flex", pass_, length)].skip is None
-            assert "materialises" in by_key[("alibi", "flex_eager", pass_, length)].skip
+            assert "materialises" in by_key[("alibi", "flex_uncompiled", pass_, length)].skip
     assert by_key[("nope", "explicit", bench.FORWARD, 512)].skip is None
     assert "GiB by estimate" in by_key[("nope", "explicit", bench.FORWARD, 16384)].skip  # (B, H, L, L) float32 scores
     assert all(t.skip is None or t.skip.strip() for t in tasks)
@@ -168,15 +172,15 @@ def test_cpu_preset_states_its_threads_and_skips():
     cpu = bench.PRESETS["cpu"]
     assert cpu.threads == 1 and cpu.lengths == (256, 512, 1024, 2048)
     tasks = bench.plan(cpu)
-    assert all("--compile-flex" in t.skip for t in tasks if t.path in bench.FLEX_PATHS)
-    assert all(t.skip is None for t in tasks if t.path in ("explicit", "sdpa_causal", "sdpa_mask", "flex_eager"))
+    assert all("--compile-flex" in t.skip for t in tasks if t.path == "flex")
+    assert all(t.skip is None for t in tasks if t.path in ("explicit", "sdpa_causal", "sdpa", "flex_uncompiled"))
 
 
 def test_metadata_logic_without_a_gpu():
-    info = bench.cuda_info(CPU)
+    info = runinfo.cuda_info(CPU)
     assert set(info) == {"name", "capability", "total_memory_bytes", "cuda_runtime", "cuda_driver", "cudnn"}
     assert info["name"] is None and info["capability"] is None and info["cuda_driver"] is None
-    meta = bench.collect_metadata("gpu", CPU, torch.bfloat16)  # the gpu preset's metadata logic, run on a CPU
+    meta = runinfo.run_metadata("gpu", bench.PRESETS["gpu"], CPU, torch.bfloat16)  # the gpu preset's metadata logic, run on a CPU
     assert meta["preset"] == "gpu" and meta["dtype"] == "bfloat16" and meta["config"]["long_lengths"] == [32768]
 
 
@@ -211,8 +215,8 @@ def test_hugging_face_rope_path_agrees_or_says_it_is_missing(monkeypatch):
     preset = dataclasses.replace(TINY, hf_rope=True, compile_rope=False)
     task = bench.Task("rope", "hf_eager", bench.FORWARD, 64, 1)
     pytest.importorskip("transformers")
-    row = bench.Runner(preset, CPU, torch.float32).execute(task, lambda t, length: True)
-    assert row["status"] == "ok" and row["max_abs_err"] <= 1e-5, row
+    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task, lambda t, length: True)
+    assert row["status"] == "ok" and row["max_abs_err"] == 0.0, row  # the same cos and sin: bit-identical
     monkeypatch.setitem(sys.modules, "transformers.models.llama.modeling_llama", None)  # as if not installed
-    row = bench.Runner(preset, CPU, torch.float32).execute(task, lambda t, length: True)
+    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task, lambda t, length: True)
     assert row["status"] == "skipped" and "transformers is not installed" in row["reason"]

@@ -74,6 +74,7 @@ class Preset:
     passes: tuple[str, ...] = PASSES
     rope_dtypes: tuple[str, ...] = ()  # dtypes RoPE is also measured in, besides the run's
     compile_flex: bool = True
+    flex_uncompiled: bool = True  # uncompiled FlexAttention materialises the scores: worth measuring on a CPU only
     compile_backend: str = "inductor"
     hf_rope: bool = True
     max_bytes: int | None = None  # estimated peak above which a path is skipped; None: half the GPU's memory
@@ -94,7 +95,7 @@ PRESETS: dict[str, Preset] = {
     ),
     "gpu": Preset(
         "gpu", "cuda", (4096, 8192, 16384, 512, 1024, 2048), batch=4, heads=16, head_dim=64, long_lengths=(32768,), warmup=3, repeats=10,
-        window=1024, matmul_size=8192, time_budget_s=570.0,
+        window=1024, matmul_size=8192, flex_uncompiled=False, time_budget_s=570.0,
         description="One GPU, bf16 where supported (fp16 otherwise); the lengths the goals need (4k and up) first; 32k at batch 1.",
     ),
     "tiny": Preset(
@@ -163,7 +164,9 @@ def estimate_bytes(scheme: str, path: str, pass_: str, batch: int, heads: int, l
 
 def _static_skip(preset: Preset, path: str) -> str | None:
     if path == "flex" and not preset.compile_flex:
-        return f"compiled FlexAttention is left out of the {preset.name} preset (10-20 s of compiling per scheme and shape on a CPU; see the kernel preset)"
+        return f"compiled FlexAttention is left out of the {preset.name} preset (10-20 s of compiling per scheme and shape on a CPU; run with --compile-flex, or see the kernel preset)"
+    if path == "flex_uncompiled" and not preset.flex_uncompiled:
+        return f"uncompiled FlexAttention materialises the (batch, heads, L, L) scores; the {preset.name} preset measures the compiled path 'flex'"
     if path == "hf_eager" and not preset.hf_rope:
         return f"Hugging Face's apply_rotary_pos_emb is left out of the {preset.name} preset (importing transformers takes seconds)"
     return None

@@ -140,11 +140,18 @@ def peak_rss(fn: Callable, *args, **kwargs) -> int:
 
     Unlike peak_memory it sees everything, compiled kernels and their scratch included, and
     it does not intercept operators (a TorchDispatchMode makes compiled code fall back to
-    eager). The peak is reset through /proc/self/clear_refs first; allocations of a few
-    kilobytes that the allocator keeps are invisible to it. Raises OSError elsewhere.
+    eager). Free heap memory is returned to the system (malloc_trim) and the peak reset
+    through /proc/self/clear_refs first; what the allocator still keeps resident and the
+    call reuses is not counted, so it is a lower bound. Raises OSError elsewhere.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    try:  # hand freed heap pages back first, so memory the call reuses shows as growth (glibc only)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current resident size
     before = _status_bytes("VmRSS")
