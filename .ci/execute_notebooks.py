@@ -30,9 +30,10 @@ SETUP_TAG = "posenc-setup"
 def setup_source(config_path: Path = ROOT / "_config.yml") -> str:
     """The setup cell every chapter starts with: install posenc where it is missing (Colab)."""
     repo = yaml.safe_load(config_path.read_text())["repository"]
-    spec = f"git+{repo['url']}@{repo.get('branch', 'main')}"
+    spec = f"posenc[reference] @ git+{repo['url']}@{repo.get('branch', 'main')}"
     return (
-        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository.\n"
+        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository,\n"
+        "# with the transformers release the cross-checks were written against.\n"
         "import importlib.util, subprocess, sys\n"
         "\n"
         'if importlib.util.find_spec("posenc") is None:\n'
