@@ -126,3 +126,19 @@ def test_nbcheck_reports_no_errors():
         pytest.skip("no chapters yet")
     proc = subprocess.run([sys.executable, str(NBCHECK), "chapters"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"nbcheck.py chapters reports errors:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_figures_fit_the_column(notebook):
+    """A stored PNG wider than the site's column is shrunk in the browser until its text is unreadable."""
+    import base64
+    import struct
+
+    from posenc.plotting import COLUMN_PX
+
+    path, nb = notebook
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            png = output.get("data", {}).get("image/png")
+            if png:
+                width, height = struct.unpack(">II", base64.b64decode(png)[16:24])
+                assert width <= COLUMN_PX, f"{path.name}, cell {index}: a figure {width} px wide (the column holds {COLUMN_PX}): use posenc.plotting.figure"

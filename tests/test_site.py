@@ -10,7 +10,9 @@ a file runs on one worker, so the book is built once.
 from __future__ import annotations
 
 import functools
+import html
 import http.server
+import json
 import re
 import shutil
 import subprocess
@@ -37,6 +39,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--virtual-time-budget=10000",
+    "--window-size=1440,1000",  # a desktop browser: the content column is at its widest, about 790 px
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -178,7 +181,7 @@ def doms(server):
         pytest.skip("chromium not found: the rendered-page checks need it (Debian: `apt-get install chromium`)")
     base, _ = server
     with ThreadPoolExecutor(max_workers=3) as pool:
-        rendered = pool.map(_dump_dom, [f"{base}/{page}.html" for page in PAGES])
+        rendered = pool.map(_dump_dom, [f"{base}/{page}.html?layout-check" for page in PAGES])
         return dict(zip(PAGES, rendered))
 
 
@@ -189,6 +192,17 @@ def test_math_is_typeset(doms, page):
     assert "<mjx-merror" not in dom, f"{page}: MathJax reports a TeX error: {re.findall(r'<mjx-merror.{0,300}', dom)[:3]}"
     raw = re.findall(r"class=\"math[^\"]*\">\s*(\\[(\[].{0,80})", dom)
     assert not raw, f"{page}: math left as raw TeX: {raw[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_display_math_fits_the_column_and_shows_no_backslash(doms, page):
+    """No equation is wider than the column (clipped or scrolled at the site's width); no escaped underscore shows as '\\'."""
+    found = re.search(r'data-wide-math="([^"]*)"', doms[page])
+    assert found, f"{page}: the layout check did not run (book/_static/layout-check.js)"
+    wide = json.loads(html.unescape(found.group(1)))
+    assert not wide, f"{page}: display math wider than its column (index, width, room in px): {wide}"
+    backslashes = doms[page].count('class="mjx-c5C"') + doms[page].count("class=\"mjx-c5C ")
+    assert backslashes == 0, f"{page}: rendered math shows {backslashes} literal backslash(es) (an escaped _ inside math?)"
 
 
 @pytest.mark.parametrize("page", PAGES)
