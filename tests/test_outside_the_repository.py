@@ -28,8 +28,12 @@ CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 def installed(tmp_path_factory) -> Path:
     """A non-editable copy of posenc, built from this checkout into a wheel and installed into its own folder."""
     work = tmp_path_factory.mktemp("posenc-installed")
+    source = work / "source"  # a copy: building in the checkout would leave build/ behind in it
+    shutil.copytree(ROOT / "posenc", source / "posenc", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "wheel"), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "wheel"), str(source)],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr[-3000:]
