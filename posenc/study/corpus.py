@@ -1,10 +1,12 @@
 """Real text with no download: the Python standard library's own .py sources, as bytes.
 
-The files are found from the running interpreter, read in sorted order, and
-split into train and validation by file (a file is in validation when a hash of
-its relative path says so), so no file straddles the split. The size and a
-SHA-256 of the content identify the corpus in every result: another Python
-version has another standard library, hence another hash.
+Every .py file of the running interpreter's standard library (site-packages and
+caches excepted) is read in sorted order and goes to train or validation as a
+whole (a hash of its relative path decides), so no file straddles the split and
+the split does not depend on which other files exist. `composition` says what the
+text is (bytes per top-level package and split). The size and a SHA-256 of the
+content identify the corpus in every result: another Python version has another
+standard library, hence another hash.
 """
 
 from __future__ import annotations
@@ -39,13 +41,18 @@ class Corpus:
                 "corpus_train_files": self.train_files, "corpus_valid_files": self.valid_files, "corpus_sha256": self.sha256}
 
 
+# generated text, not code: pydoc's topic help (750 kB of English prose in one dict) would be a quarter of validation
+GENERATED = frozenset({"pydoc_data/topics.py"})
+
+
 def stdlib_files(root: Path | None = None) -> list[Path]:
-    """Every .py file of the standard library (not site-packages, not caches), sorted by relative path."""
+    """Every .py file of the standard library (not site-packages, not caches, not GENERATED), sorted by relative path."""
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be a directory of Python sources, got {root}")
     skip = {"site-packages", "dist-packages", "__pycache__"}
-    return sorted((p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts)), key=lambda p: p.relative_to(root).as_posix())
+    files = (p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts) and p.relative_to(root).as_posix() not in GENERATED)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
 def in_validation(relative_path: str, valid_percent: int) -> bool:
@@ -53,9 +60,29 @@ def in_validation(relative_path: str, valid_percent: int) -> bool:
     return hashlib.sha256(relative_path.encode()).digest()[0] * 100 < valid_percent * 256
 
 
-def load_corpus(max_bytes: int = 4_000_000, valid_percent: int = 10, root: Path | None = None) -> Corpus:
-    """Read files in order until `max_bytes` of text, split by file; each file ends with a newline."""
-    positive_int("max_bytes", max_bytes)
+def top_level(relative_path: str) -> str:
+    """The top-level package of a file ("json/decoder.py" -> "json"), or the module itself ("os.py" -> "os")."""
+    first = relative_path.split("/", 1)[0]
+    return first.removesuffix(".py")
+
+
+def composition(root: Path | None = None, valid_percent: int = 10) -> list[dict]:
+    """Bytes and files per top-level package and split, largest first: what the corpus is made of."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
+    table: dict[str, dict] = {}
+    for path in stdlib_files(root):
+        rel = path.relative_to(root).as_posix()
+        row = table.setdefault(top_level(rel), {"package": top_level(rel), "train_bytes": 0, "valid_bytes": 0, "train_files": 0, "valid_files": 0})
+        split = "valid" if in_validation(rel, valid_percent) else "train"
+        row[f"{split}_bytes"] += len(path.read_bytes().rstrip(b"\n")) + 1
+        row[f"{split}_files"] += 1
+    return sorted(table.values(), key=lambda r: (-(r["train_bytes"] + r["valid_bytes"]), r["package"]))
+
+
+def load_corpus(max_bytes: int | None = None, valid_percent: int = 10, root: Path | None = None) -> Corpus:
+    """Read every file in order (or until `max_bytes` of text, for quick tests), split by file; each file ends with a newline."""
+    if max_bytes is not None:
+        positive_int("max_bytes", max_bytes)
     if not 0 < positive_int("valid_percent", valid_percent) < 100:
         raise ValueError(f"valid_percent must be in [1, 99], got {valid_percent}")
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
@@ -67,7 +94,7 @@ def load_corpus(max_bytes: int = 4_000_000, valid_percent: int = 10, root: Path 
         parts[in_validation(rel, valid_percent)].append(data)
         digest.update(rel.encode() + b"\0" + data)
         total += len(data)
-        if total >= max_bytes:
+        if max_bytes is not None and total >= max_bytes:
             break
     if not parts[False] or not parts[True]:
         raise ValueError(f"the corpus under {root} is too small to split (train {len(parts[False])} files, validation {len(parts[True])})")

@@ -1,16 +1,20 @@
 """Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
 
-    python -m posenc.study.extrapolation --preset cpu      # the whole study, single-threaded, on a CPU
-    python -m posenc.study.extrapolation --preset gpu      # a larger model and length, on one GPU
+    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 CPU threads, about 40 minutes
+    python -m posenc.study.extrapolation --preset gpu      # a larger model on one GPU
+    torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu   # the same under DistributedDataParallel
 
-Two tasks: byte-level language modelling on the standard library's sources
-(posenc.study.corpus) and passkey retrieval (posenc.study.passkey). Every scheme is trained
-at length L and evaluated at L, 2L, 4L and 8L. The RoPE rescalings (linear
-interpolation, NTK-aware, YaRN) are applied to the model trained with plain RoPE,
-zero-shot and after a short fine-tune at the longer length; plain RoPE gets the
-same fine-tune as the control. Results go to one tidy CSV (a row per measured
-number) and a JSON of metadata; finished runs are skipped when the study is run
-again (delete the files, or pass --fresh, to start over).
+Every scheme trains at length L on the bytes of the standard library (posenc.study.corpus),
+with the passkey task of posenc.study.passkey mixed into every step (the skill is learned at
+L). Each model is evaluated on the validation split at L, 2L, 4L and 8L with two protocols
+that score the same target bytes at every length (posenc.study.evaluate: `matched` and
+`sliding`), and on passkey retrieval at every length and depth. The model trained with plain
+RoPE is then extended to 4L by fine-tuning on language-model data only (no passkey), with
+position interpolation, NTK-aware scaling, YaRN, and plain RoPE as the control, the same steps
+each; a YaRN at factor 8, fine-tuned at 4L, tests extension beyond the fine-tuning length.
+Results go to a tidy CSV (a row per measured number), a CSV of per-sequence values (for the
+bootstrap of posenc.study.summary) and a JSON of metadata; finished runs are skipped when the
+study is run again (pass --fresh to start over).
 """
 
 from __future__ import annotations
@@ -18,24 +22,29 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
-import datetime as dt
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
-from .corpus import VOCAB_SIZE, load_corpus, eval_windows, sample_windows
-from ..model import TinyTransformer, train
-from .passkey import passkey_accuracy, training_batches
-from .runinfo import load_average, run_metadata
+from ..model import TinyTransformer
 from ..qk.rope import Rope
+from .corpus import VOCAB_SIZE, load_corpus, sample_windows
+from .evaluate import matched_losses, sliding_losses, spaced_sequences
+from .ngram import ngram_baselines
+from .passkey import passkey_correct, training_batches, test_batch
+from .runinfo import load_average, run_metadata
+from .tasks import IGNORE_INDEX
 
-TASKS = ("lm", "passkey")
-COLUMNS = ["preset", "task", "scheme", "variant", "seed", "eval_len", "depth", "bucket", "metric", "value", "note"]
+COLUMNS = ["preset", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "bucket", "metric", "value", "note"]
+SEQUENCE_COLUMNS = ["run", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "values"]
 
 
 @dataclass(frozen=True)
@@ -46,41 +55,48 @@ class Preset:
     num_layers: int
     train_len: int
     steps: int
-    batch_size: int
+    batch_size: int  # language-model windows per step (global: split over the processes)
     lr: float
     seeds: tuple[int, ...]
-    corpus_bytes: int
-    eval_count: int
-    passkey_dim: int
-    passkey_steps: int
-    passkey_count: int
-    passkey_lr: float = 1e-3  # retrieval (an induction circuit) forms at 1e-3 and not reliably at 3e-3
+    eval_sequences: int  # matched protocol: sequences of 8L bytes
+    sliding_sequences: int  # sliding protocol: sequences of L target bytes
+    passkey_batch: int  # passkey sequences of length L mixed into every training step
+    passkey_count: int  # test sequences per length and depth
+    finetune_steps: int
+    finetune_lr: float
+    warmup: int = 50
+    passkey_weight: float = 1.0  # the loss is LM loss + weight x passkey answer loss
     finetune_factor: int = 4
-    finetune_fraction: float = 0.1  # fine-tune steps as a fraction of the training steps
+    beyond_factor: int = 8  # the rescaling tested past its fine-tuning length
     eval_factors: tuple[int, ...] = (1, 2, 4, 8)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    sliding_stride_divisor: int = 2  # the window slides by L / divisor
+    corpus_bytes: int | None = None  # None: the whole standard library
     threads: int | None = None
     device: str = "cpu"
 
     @property
-    def finetune_steps(self) -> int:
-        return max(1, round(self.steps * self.finetune_fraction))
+    def sliding_stride(self) -> int:
+        return max(1, self.train_len // self.sliding_stride_divisor)
 
     @property
-    def passkey_finetune_steps(self) -> int:
-        return max(1, round(self.passkey_steps * self.finetune_fraction))
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
 
 
 PRESETS = {
     # seconds: the tests and the chapter's live slice
-    "smoke": Preset("smoke", dim=32, num_heads=4, num_layers=2, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
-                    corpus_bytes=1_000_000, eval_count=4, passkey_dim=32, passkey_steps=20, passkey_count=8, eval_factors=(1, 2), depths=(0.0, 1.0), threads=1),
-    # the whole study in minutes on a 2-core CPU, one thread
-    "cpu": Preset("cpu", dim=32, num_heads=4, num_layers=2, train_len=32, steps=300, batch_size=32, lr=3e-3, seeds=(0, 1),
-                  corpus_bytes=4_000_000, eval_count=64, passkey_dim=64, passkey_steps=1600, passkey_count=64, threads=1),
-    # a larger model and length on one GPU
+    "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
+                    eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
+                    warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
+    # the committed results: this 2-core machine, both cores, about 40 minutes
+    "cpu": Preset("cpu", dim=64, num_heads=2, num_layers=2, train_len=64, steps=900, batch_size=32, lr=3e-3, seeds=(0, 1, 2),
+                  eval_sequences=128, sliding_sequences=128, passkey_batch=8, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
+                  threads=2),
+    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.2 M parameters, L = 256
     "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
-                  corpus_bytes=20_000_000, eval_count=256, passkey_dim=256, passkey_steps=3000, passkey_count=256, device="cuda"),
+                  eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
+                  warmup=100, device="cuda"),
 }
 
 
@@ -102,120 +118,233 @@ def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
 
 
 def rescalings(preset: Preset) -> dict[str, dict]:
-    """Label -> Rope arguments of the rescalings applied to the model trained with plain RoPE."""
-    s = preset.finetune_factor
+    """Label -> Rope arguments of the context extensions of the model trained with plain RoPE ("rope": the control)."""
+    s, beyond, original = float(preset.finetune_factor), float(preset.beyond_factor), preset.train_len
     return {
-        "rope_pi": {"rope_type": "linear", "factor": float(s)},
-        "rope_ntk": {"rope_type": "ntk", "factor": float(s)},
-        "rope_yarn": {"rope_type": "yarn", "factor": float(s), "original_max_position_embeddings": preset.train_len},
+        "rope": {},
+        "rope_pi": {"rope_type": "linear", "factor": s},
+        "rope_ntk": {"rope_type": "ntk", "factor": s},
+        "rope_yarn": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": original},
+        f"rope_yarn_x{preset.beyond_factor}": {"rope_type": "yarn", "factor": beyond, "original_max_position_embeddings": original},
     }
 
 
 def with_rope(model: TinyTransformer, **rope_args) -> TinyTransformer:
-    """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are shared by value)."""
+    """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are copied by value)."""
     twin = copy.deepcopy(model)
     for block in twin.blocks:
         block.scheme = Rope(block.scheme.head_dim, **rope_args).to(next(twin.parameters()).device)
     return twin
 
 
-# --- one run: a task, a scheme, a seed ---------------------------------------------------------
+# --- processes: one, or several under torchrun -----------------------------------------------------
 
-def _lm_batches(corpus, length: int, batch_size: int, seed: int, device):
-    def batches(step: int):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x, y = sample_windows(corpus.train, length, batch_size, gen)
-        return x.to(device), y.to(device)
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
 
-    return batches
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def rows(self, n: int) -> slice:
+        """This process's share of n rows (n must divide evenly: equal shares keep the mean of means exact)."""
+        if n % self.size:
+            raise ValueError(f"a global batch of {n} rows does not split evenly over {self.size} processes")
+        return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every process's rows, in rank order (row counts may differ)."""
+        if self.size == 1:
+            return tensor
+        parts = [None] * self.size
+        dist.all_gather_object(parts, tensor.cpu())
+        return torch.cat(parts)
+
+    def split(self, n: int) -> slice:
+        """Contiguous, nearly equal shares of n evaluation rows."""
+        return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
 
 
-def _passkey_batches(length: int, batch_size: int, seed: int, device):
-    make = training_batches(length, batch_size, seed)
+def join_world(device: str) -> tuple[World, torch.device]:
+    """Join the process group when torchrun started several processes (NCCL on GPUs, gloo on CPUs)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World(), torch.device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(local)
+        return World(dist.get_rank(), dist.get_world_size()), torch.device("cuda", local)
+    return World(dist.get_rank(), dist.get_world_size()), torch.device(device)
 
-    def batches(step: int):
-        x, y = make(step)
-        return x.to(device), y.to(device)
 
-    return batches
+# --- training ---------------------------------------------------------------------------------------
+
+def lm_batch(data: torch.Tensor, length: int, batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of a step: random windows of the training split, deterministic per (seed, step)."""
+    gen = torch.Generator().manual_seed((seed << 22) + step)
+    return sample_windows(data, length, batch_size, gen)
 
 
-@torch.no_grad()
-def lm_rows(model, corpus, preset: Preset) -> list[dict]:
-    """Mean validation loss at every evaluation length, overall and per position bucket of width L."""
+def train_model(model, steps: int, lr: float, warmup: int, batch, world: World, device) -> list[float]:
+    """AdamW with linear warm-up and cosine decay to lr/10; `batch(step)` returns [(inputs, targets, weight), ...] (global).
+
+    The loss of a step is the sum over the groups of weight x mean cross-entropy of the group's
+    targets. Under torchrun each process takes its equal share of every group's rows and
+    DistributedDataParallel averages the gradients: the same update as one process (every row of
+    a group has the same number of targets). Returns the loss of every step (of the global batch).
+    """
+    net = torch.nn.parallel.DistributedDataParallel(model) if world.size > 1 else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))  # noqa: E731
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    losses = []
+    model.train()
+    for step in range(steps):
+        groups = [(x[world.rows(len(x))], y[world.rows(len(y))], w) for x, y, w in batch(step)]
+        sizes = [len(x) for x, _, _ in groups]
+        logits = net(torch.cat([x for x, _, _ in groups]).to(device)).float()
+        loss = 0.0
+        for (x, y, w), part in zip(groups, logits.split(sizes)):
+            loss = loss + w * F.cross_entropy(part.flatten(0, 1), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        loss = loss.detach()
+        if world.size > 1:  # the global batch's loss: equal shares, so the mean over the processes
+            dist.all_reduce(loss)
+            loss /= world.size
+        losses.append(loss.item())
     model.eval()
-    rows, device = [], next(model.parameters()).device
-    for factor in preset.eval_factors:
-        length = factor * preset.train_len
-        x, y = eval_windows(corpus.valid, length, preset.eval_count)
-        try:
-            losses = []
-            for chunk in range(0, len(x), 16):
-                logits = model(x[chunk : chunk + 16].to(device))
-                losses.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), y[chunk : chunk + 16].to(device), reduction="none").cpu())
-        except ValueError as exc:  # a learned table has no row past its length
-            rows.append({"eval_len": length, "bucket": "all", "metric": "loss", "value": math.nan, "note": str(exc).split(":")[0]})
-            continue
-        per_position = torch.cat(losses).double().mean(0)
-        rows.append({"eval_len": length, "bucket": "all", "metric": "loss", "value": float(per_position.mean())})
-        for b in range(factor):
-            span = per_position[b * preset.train_len : (b + 1) * preset.train_len]
-            rows.append({"eval_len": length, "bucket": f"{b * preset.train_len}-{(b + 1) * preset.train_len}", "metric": "loss", "value": float(span.mean())})
-    return rows
+    return losses
 
 
-def passkey_rows(model, preset: Preset) -> list[dict]:
-    rows = []
-    for factor in preset.eval_factors:
-        length = factor * preset.train_len
-        for depth in preset.depths:
+# --- evaluation -----------------------------------------------------------------------------------
+
+class Evaluation:
+    """The fixed validation sequences and passkey tests of a preset, scored for one model at a time."""
+
+    def __init__(self, corpus, preset: Preset, world: World):
+        self.preset, self.world = preset, world
+        L, longest = preset.train_len, max(preset.eval_factors) * preset.train_len
+        self.matched = spaced_sequences(corpus.valid, longest + 1, preset.eval_sequences)
+        # sliding: L targets after a context of the longest window, placed halfway between the matched sequences
+        self.sliding = spaced_sequences(corpus.valid[longest // 2 :], longest + L + 1, preset.sliding_sequences)
+        self.passkey_tests = {(f * L, d): test_batch(f * L, d, preset.passkey_count) for f in preset.eval_factors for d in preset.depths}
+
+    def _mine(self, x: torch.Tensor) -> torch.Tensor:
+        return x[self.world.split(len(x))]
+
+    def lm(self, model) -> tuple[list[dict], list[dict]]:
+        """(rows, per-sequence rows) of both protocols at every length."""
+        p, L = self.preset, self.preset.train_len
+        rows, seqs = [], []
+        for factor in p.eval_factors:
+            n = factor * L
             try:
-                acc = passkey_accuracy(model, length, depth, count=preset.passkey_count)
-                rows.append({"eval_len": length, "depth": depth, "metric": "exact_match", "value": acc})
+                matched = self.world.gather(matched_losses(model, self._mine(self.matched), n))
+                sliding = self.world.gather(sliding_losses(model, self._mine(self.sliding), n, L, p.sliding_stride))
+            except ValueError as exc:  # a learned table has no row past its length
+                note = str(exc).split(":")[0]
+                rows += [{"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": math.nan, "note": note} for proto in ("matched", "sliding")]
+                continue
+            for proto, losses in (("matched", matched), ("sliding", sliding)):
+                rows.append({"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": float(losses.mean())})
+                seqs.append({"protocol": proto, "eval_len": n, "values": " ".join(f"{v:.4f}" for v in losses.mean(1).tolist())})
+            per_position = matched.mean(0)
+            for b in range(len(per_position) // L):
+                rows.append({"protocol": "matched", "eval_len": n, "bucket": f"{b * L}-{(b + 1) * L}", "metric": "loss",
+                             "value": float(per_position[b * L : (b + 1) * L].mean())})
+        return rows, seqs
+
+    def passkey(self, model) -> tuple[list[dict], list[dict]]:
+        rows, seqs = [], []
+        for (n, depth), (x, y) in self.passkey_tests.items():
+            try:
+                correct = self.world.gather(passkey_correct(model, self._mine(x), self._mine(y)))
             except ValueError as exc:
-                rows.append({"eval_len": length, "depth": depth, "metric": "exact_match", "value": math.nan, "note": str(exc).split(":")[0]})
-    return rows
+                rows.append({"protocol": "passkey", "eval_len": n, "depth": depth, "metric": "exact_match", "value": math.nan, "note": str(exc).split(":")[0]})
+                continue
+            rows.append({"protocol": "passkey", "eval_len": n, "depth": depth, "metric": "exact_match", "value": float(correct.double().mean())})
+            seqs.append({"protocol": "passkey", "eval_len": n, "depth": depth, "values": "".join("1" if c else "0" for c in correct.tolist())})
+        return rows, seqs
+
+    def __call__(self, model) -> tuple[list[dict], list[dict]]:
+        lm_rows, lm_seqs = self.lm(model)
+        pk_rows, pk_seqs = self.passkey(model)
+        tag = lambda rows, task: [{"task": task, **r} for r in rows]  # noqa: E731
+        return tag(lm_rows, "lm") + tag(pk_rows, "passkey"), tag(lm_seqs, "lm") + tag(pk_seqs, "passkey")
 
 
-def run(task: str, label: str, seed: int, preset: Preset, corpus=None) -> list[dict]:
-    """Train one scheme on one task with one seed, evaluate it (and, for plain RoPE, its rescalings) at every length."""
-    device = torch.device(preset.device)
+# --- one run: a scheme and a seed -------------------------------------------------------------------
+
+def build_model(label: str, preset: Preset, device) -> TinyTransformer:
     name, args = scheme_table(preset)[label]
-    dim, steps, lr = (preset.dim, preset.steps, preset.lr) if task == "lm" else (preset.passkey_dim, preset.passkey_steps, preset.passkey_lr)
+    model = TinyTransformer(VOCAB_SIZE, dim=preset.dim, num_heads=preset.num_heads, num_layers=preset.num_layers, scheme=name,
+                            scheme_args=args, max_len=preset.train_len, backend="sdpa")
+    if any(block.scheme.needs_weights for block in model.blocks):  # Shaw's value term needs the weights: explicit backend
+        for block in model.blocks:
+            block.backend = "explicit"
+    return model.to(device)
+
+
+def run(label: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | None = None, world: World = World(), device=None) -> tuple[list[dict], list[dict]]:
+    """Train one scheme with one seed, evaluate it (and, for plain RoPE, its context extensions) at every length."""
+    device = torch.device(preset.device) if device is None else device
+    evaluation = Evaluation(corpus, preset, world) if evaluation is None else evaluation
+    L = preset.train_len
     torch.manual_seed(seed)
-    model = TinyTransformer(VOCAB_SIZE, dim=dim, num_heads=preset.num_heads, num_layers=preset.num_layers, scheme=name,
-                            scheme_args=args, max_len=preset.train_len).to(device)
-    long_len = preset.finetune_factor * preset.train_len
-    if task == "lm":
-        batches, long_batches, evaluate = (_lm_batches(corpus, preset.train_len, preset.batch_size, seed, device),
-                                           _lm_batches(corpus, long_len, max(1, preset.batch_size // preset.finetune_factor), seed + 7919, device),
-                                           lambda m: lm_rows(m, corpus, preset))
-        finetune_steps = preset.finetune_steps
-    else:
-        batches, long_batches, evaluate = (_passkey_batches(preset.train_len, preset.batch_size, seed, device),
-                                           _passkey_batches(long_len, max(1, preset.batch_size // preset.finetune_factor), seed + 7919, device),
-                                           lambda m: passkey_rows(m, preset))
-        finetune_steps = preset.passkey_finetune_steps
-    train(model, batches, steps, lr=lr)
-    rows = [{"scheme": label, "variant": "trained", **r} for r in evaluate(model)]
+    model = build_model(label, preset, device)
+    make_passkey = training_batches(L, preset.passkey_batch, seed)
+
+    def mixed(step):
+        x, y = lm_batch(corpus.train, L, preset.batch_size, seed, step)
+        px, py = make_passkey(step)
+        return [(x, y, 1.0), (px, py, preset.passkey_weight)]
+
+    losses = train_model(model, preset.steps, preset.lr, preset.warmup, mixed, world, device)
+    rows, seqs = [], []
+
+    def record(variant_label, variant, m, extra=None):
+        r, s = evaluation(m)
+        rows.extend({"scheme": variant_label, "variant": variant, **x} for x in r)
+        seqs.extend({"scheme": variant_label, "variant": variant, **x} for x in s)
+
+    record(label, "trained", model)
+    tail = losses[-max(1, preset.steps // 20) :]
+    rows.append({"task": "lm+passkey", "scheme": label, "variant": "trained", "protocol": "train", "eval_len": L, "metric": "train_loss_end", "value": sum(tail) / len(tail)})
     if label == "rope":
-        variants = {"rope": {}, **rescalings(preset)}
-        for variant_label, rope_args in variants.items():
+        long_len = preset.finetune_factor * L
+        long_batch = max(1, preset.batch_size // preset.finetune_factor)
+        for variant_label, rope_args in rescalings(preset).items():
             twin = with_rope(model, **rope_args)
-            if variant_label != "rope":
-                rows += [{"scheme": variant_label, "variant": "zero-shot", **r} for r in evaluate(twin)]
-            train(twin, long_batches, finetune_steps, lr=lr)
-            rows += [{"scheme": variant_label, "variant": "fine-tuned", **r} for r in evaluate(twin)]
-    return [{"preset": preset.name, "task": task, "seed": seed, "depth": "", "bucket": "", "note": "", **r} for r in rows]
+            if rope_args:
+                record(variant_label, "zero-shot", twin)
+            torch.manual_seed(seed)
+            train_model(twin, preset.finetune_steps, preset.finetune_lr, max(1, preset.warmup // 2),
+                        lambda step: [(*lm_batch(corpus.train, long_len, long_batch, seed + 512, step), 1.0)], world, device)
+            record(variant_label, "fine-tuned", twin)
+    full = [{"preset": preset.name, "seed": seed, "depth": "", "bucket": "", "note": "", **r} for r in rows]
+    return full, [{"seed": seed, "depth": "", **s} for s in seqs]
 
 
 # --- the study: runs, resume, files ---------------------------------------------------------------
 
-def finished_runs(csv_path: Path) -> set[tuple[str, str, int]]:
+def result_paths(preset_name: str, out_dir: Path) -> tuple[Path, Path, Path]:
+    return (out_dir / f"extrapolation_{preset_name}.csv", out_dir / f"extrapolation_{preset_name}_sequences.csv",
+            out_dir / f"extrapolation_{preset_name}.json")
+
+
+def finished_runs(csv_path: Path) -> set[tuple[str, int]]:
     if not csv_path.exists():
         return set()
     with csv_path.open() as f:
-        return {(r["task"], r["run"], int(r["seed"])) for r in csv.DictReader(f)}
+        return {(r["run"], int(r["seed"])) for r in csv.DictReader(f)}
 
 
 def progress(done: int, total: int, text: str) -> None:
@@ -224,51 +353,75 @@ def progress(done: int, total: int, text: str) -> None:
     print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {text:<40}", end="" if done < total else "\n", file=sys.stderr, flush=True)
 
 
-def study(preset: Preset, out_dir: Path, tasks=TASKS, labels=None, fresh: bool = False, quiet: bool = False) -> tuple[Path, Path]:
-    """Run every (task, scheme, seed) not already in the results file; write the CSV and the metadata JSON."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = out_dir / f"extrapolation_{preset.name}.csv", out_dir / f"extrapolation_{preset.name}.json"
-    if fresh:
-        csv_path.unlink(missing_ok=True)
-        json_path.unlink(missing_ok=True)
-    if preset.threads:
-        torch.set_num_threads(preset.threads)
+def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            writer.writeheader()
+        writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
+
+
+def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False) -> tuple[Path, Path, Path]:
+    """Run every (scheme, seed) not already in the results file; write the CSVs and the metadata JSON.
+
+    Under torchrun every process trains and evaluates its share; the first one writes the files.
+    """
+    world, device = join_world(preset.device)
+    csv_path, seq_path, json_path = result_paths(preset.name, Path(out_dir))
     labels = list(scheme_table(preset)) if labels is None else list(labels)
     unknown = sorted(set(labels) - set(scheme_table(preset)))
     if unknown:
         raise ValueError(f"unknown schemes {unknown}; choose from {sorted(scheme_table(preset))}")
+    if preset.threads:
+        torch.set_num_threads(preset.threads)
     corpus = load_corpus(preset.corpus_bytes)
-    meta = json.loads(json_path.read_text()) if json_path.exists() else {}
-    meta.update(run_metadata(preset.name, preset, preset.device, torch.float32), **corpus.describe())
-    meta.setdefault("wall_seconds", {})
-    done = finished_runs(csv_path)
-    todo = [(t, label, seed) for t in tasks for label in labels for seed in preset.seeds if (t, label, seed) not in done]
-    new_file = not csv_path.exists()
-    with csv_path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["run"] + COLUMNS)
-        if new_file:
-            writer.writeheader()
-        for i, (task, label, seed) in enumerate(todo):
-            if not quiet:
-                progress(i, len(todo), f"{task} {label} seed={seed}")
+    todo = None
+    if world.main:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for path in (csv_path, seq_path, json_path):
+                path.unlink(missing_ok=True)
+        done = finished_runs(csv_path)
+        todo = [(label, seed) for label in labels for seed in preset.seeds if (label, seed) not in done]
+        meta = json.loads(json_path.read_text()) if json_path.exists() else {}
+        meta.update(run_metadata(preset.name, preset, device, torch.float32), **corpus.describe())
+        meta.update(seeds=list(preset.seeds), world_size=world.size, sliding_stride=preset.sliding_stride)
+        if "ngram_baselines" not in meta:
             start = time.perf_counter()
-            rows = run(task, label, seed, preset, corpus)
-            meta["wall_seconds"][f"{task}/{label}/{seed}"] = round(time.perf_counter() - start, 2)
-            writer.writerows({"run": label, **{k: r.get(k, "") for k in COLUMNS}} for r in rows)
-            f.flush()
+            baselines = ngram_baselines(corpus.train, corpus.valid)
+            meta["ngram_baselines"] = {k: v["loss"] for k, v in baselines.items()}
+            meta["ngram_add_k"] = {k: v["k"] for k, v in baselines.items()}
+            meta["ngram_seconds"] = round(time.perf_counter() - start, 2)
+        meta.setdefault("wall_seconds", {})
+        json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    if world.size > 1:
+        box = [todo]
+        dist.broadcast_object_list(box, src=0)
+        todo = box[0]
+    evaluation = Evaluation(corpus, preset, world)
+    for i, (label, seed) in enumerate(todo):
+        if world.main and not quiet:
+            progress(i, len(todo), f"{label} seed={seed}")
+        start = time.perf_counter()
+        rows, seqs = run(label, seed, preset, corpus, evaluation, world, device)
+        if world.main:
+            meta["wall_seconds"][f"{label}/{seed}"] = round(time.perf_counter() - start, 2)
+            _append(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
+            _append(csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows])  # last: a run is done once it is here
             json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    if world.main:
         if not quiet:
             progress(len(todo), len(todo), "done")
-    meta["load_average_end"] = load_average()
-    json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    return csv_path, json_path
+        meta["load_average_end"] = load_average()
+        json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return csv_path, seq_path, json_path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m posenc.study.extrapolation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--out", type=Path, default=Path("chapters/results"), help="folder for the CSV and JSON (default: chapters/results)")
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--out", type=Path, default=Path("chapters/results"), help="folder for the results (default: chapters/results)")
     parser.add_argument("--schemes", nargs="+", help="a subset of the schemes (default: all)")
     parser.add_argument("--device", help="override the preset's device (cpu, cuda)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results of this preset instead of resuming")
@@ -276,8 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     preset = PRESETS[args.preset] if args.device is None else replace(PRESETS[args.preset], device=args.device)
     if preset.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)")
-    csv_path, json_path = study(preset, args.out, args.tasks, args.schemes, args.fresh)
-    print(f"wrote {csv_path} and {json_path}")
+    paths = study(preset, args.out, args.schemes, args.fresh)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("wrote " + ", ".join(map(str, paths)))
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

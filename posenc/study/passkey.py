@@ -68,16 +68,29 @@ def training_batches(length: int, batch_size: int, seed: int, digits: int = 4):
     return batches
 
 
-@torch.no_grad()
-def passkey_accuracy(model, length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4, device=None) -> float:
-    """Fraction of `count` sequences whose every key digit is the model's argmax (exact match)."""
+def test_batch(length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed (inputs, targets) of the test at one length and depth: the same for every model."""
     positive_int("count", count)
     if not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
         raise ValueError(f"depth must be a fraction in [0, 1], got {depth!r}")
     gen = torch.Generator().manual_seed(seed + length * 1000 + int(round(depth * 100)))
     inputs, targets, _ = passkey_batch(length, [depth] * count, gen, digits)
+    return inputs, targets
+
+
+@torch.no_grad()
+def passkey_correct(model, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 64, device=None) -> torch.Tensor:
+    """Boolean per sequence: is every key digit the model's argmax (exact match)?"""
     device = next(model.parameters()).device if device is None else device
-    logits = model(inputs.to(device))
-    answer = targets != IGNORE_INDEX
-    correct = (logits.argmax(-1).cpu() == targets) | ~answer
-    return float(correct.all(dim=-1).double().mean())
+    out = []
+    for at in range(0, len(inputs), batch_size):
+        x, y = inputs[at : at + batch_size], targets[at : at + batch_size]
+        predicted = model(x.to(device)).argmax(-1).cpu()
+        out.append(((predicted == y) | (y == IGNORE_INDEX)).all(dim=-1))
+    return torch.cat(out)
+
+
+def passkey_accuracy(model, length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4, device=None) -> float:
+    """Fraction of `count` sequences whose every key digit is the model's argmax (exact match)."""
+    inputs, targets = test_batch(length, depth, count, seed, digits)
+    return float(passkey_correct(model, inputs, targets, device=device).double().mean())

@@ -1,0 +1,100 @@
+"""Intervals and rankings for the extrapolation study: a bootstrap over sequences and seeds.
+
+The study stores, for every (scheme, variant, seed, protocol, length), one number per
+evaluation sequence (a mean loss, or a passkey hit as 0/1). A bootstrap replicate draws the
+seeds with replacement and, independently, the sequences with replacement, and recomputes
+every mean from the same draws: the same sequences for every scheme and length, so that
+differences (a rise from L to 8L, one scheme against another) keep their pairing and their
+intervals are as narrow as the data allow. Intervals are the 2.5 and 97.5 percentiles.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+
+
+def labelled(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add a `label`: the scheme for a model trained from scratch, "scheme (variant)" for the RoPE model's extensions."""
+    variant = frame["variant"].astype(str)
+    return frame.assign(label=frame["scheme"].where(variant == "trained", frame["scheme"] + " (" + variant + ")"))
+
+
+def read_sequences(text: str) -> pd.DataFrame:
+    """The per-sequence CSV as a frame whose `values` column holds float arrays (losses, or 0/1 passkey hits)."""
+    frame = pd.read_csv(io.StringIO(text), dtype={"values": str})
+
+    def parse(row):
+        if row["protocol"] == "passkey":
+            return np.frombuffer(row["values"].encode(), dtype=np.uint8).astype(float) - ord("0")
+        return np.array(row["values"].split(), dtype=float)
+
+    return labelled(frame.assign(values=frame.apply(parse, axis=1)))
+
+
+def _cube(sequences: pd.DataFrame, task: str, protocol: str) -> tuple[list[str], list[int], list[int], np.ndarray]:
+    """(labels, seeds, lengths, V[label, seed, length, item]); NaN where a label has no value at a length."""
+    part = sequences[(sequences.task == task) & (sequences.protocol == protocol)]
+    if part.empty:
+        raise ValueError(f"no per-sequence values for task {task!r} and protocol {protocol!r}")
+    labels, seeds, lengths = list(dict.fromkeys(part.label)), sorted(part.seed.unique()), sorted(part.eval_len.unique())
+    # passkey: one row per depth, concatenated into the items of a length
+    items = part.groupby(["label", "seed", "eval_len"], sort=False)["values"].agg(lambda v: np.concatenate(list(v)))
+    width = max(len(v) for v in items)
+    cube = np.full((len(labels), len(seeds), len(lengths), width), np.nan)
+    for (label, seed, length), values in items.items():
+        if len(values) != width:
+            raise ValueError(f"{label} seed {seed} at {length}: {len(values)} sequences, others have {width}")
+        cube[labels.index(label), seeds.index(seed), lengths.index(length)] = values
+    return labels, [int(s) for s in seeds], [int(n) for n in lengths], cube
+
+
+def bootstrap(sequences: pd.DataFrame, task: str = "lm", protocol: str = "matched", replicates: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per label and length: the mean over seeds and sequences, its interval, the rise from the shortest length, and the rank.
+
+    Columns: label, eval_len, mean, lo, hi, rise, rise_lo, rise_hi (mean at this length minus
+    at the shortest, on the same sequences), rank (1 = lowest loss or highest accuracy among the
+    labels with a value at that length), rank_lo, rank_hi (the rank's interval over replicates).
+    """
+    labels, seeds, lengths, cube = _cube(sequences, task, protocol)
+    rng = np.random.default_rng(seed)
+    n_seeds, n_items = cube.shape[1], cube.shape[3]
+    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds  # (B, S)
+    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items  # (B, N)
+    boot = np.einsum("bs,lsni,bi->bln", seed_w, np.nan_to_num(cube), item_w)  # (B, labels, lengths)
+    missing = np.isnan(cube).any(axis=(1, 3))  # (labels, lengths)
+    boot[:, missing] = np.nan
+    point = cube.mean(axis=(1, 3))
+    better = -1 if task == "passkey" else 1  # rank 1: lowest loss, highest accuracy
+    ranks = pd.DataFrame(better * point).rank(axis=0, method="min").to_numpy()
+    boot_ranks = np.stack([pd.DataFrame(better * b).rank(axis=0, method="min").to_numpy() for b in boot])
+    rows = []
+    for i, label in enumerate(labels):
+        for j, length in enumerate(lengths):
+            if missing[i, j]:
+                continue
+            rise = boot[:, i, j] - boot[:, i, 0]
+            rows.append({
+                "label": label, "eval_len": length, "mean": point[i, j],
+                "lo": np.percentile(boot[:, i, j], 2.5), "hi": np.percentile(boot[:, i, j], 97.5),
+                "rise": point[i, j] - point[i, 0], "rise_lo": np.percentile(rise, 2.5), "rise_hi": np.percentile(rise, 97.5),
+                "rank": int(ranks[i, j]), "rank_lo": int(np.percentile(boot_ranks[:, i, j], 2.5)), "rank_hi": int(np.percentile(boot_ranks[:, i, j], 97.5)),
+            })
+    out = pd.DataFrame(rows)
+    out.attrs.update(seeds=seeds, items=n_items, replicates=replicates)
+    return out
+
+
+def difference(sequences: pd.DataFrame, first: str, second: str, length: int, task: str = "lm", protocol: str = "matched",
+               replicates: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, lo, hi) of first minus second at one length, paired over the same sequences and seeds."""
+    labels, _, lengths, cube = _cube(sequences, task, protocol)
+    rng = np.random.default_rng(seed)
+    diff = cube[labels.index(first), :, lengths.index(length)] - cube[labels.index(second), :, lengths.index(length)]  # (S, N)
+    n_seeds, n_items = diff.shape
+    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds
+    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
+    boot = np.einsum("bs,si,bi->b", seed_w, diff, item_w)
+    return float(diff.mean()), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
