@@ -383,7 +383,9 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
             for path in (csv_path, seq_path, json_path):
                 path.unlink(missing_ok=True)
         done = finished_runs(csv_path)
-        todo = [(label, seed) for label in labels for seed in preset.seeds if (label, seed) not in done]
+        # plain RoPE first: its context extensions are the longest runs, and the first to look at
+        order = sorted(labels, key=lambda label: label != "rope")
+        todo = [(label, seed) for label in order for seed in preset.seeds if (label, seed) not in done]
         meta = json.loads(json_path.read_text()) if json_path.exists() else {}
         meta.update(run_metadata(preset.name, preset, device, torch.float32), **corpus.describe())
         meta.update(seeds=list(preset.seeds), world_size=world.size, sliding_stride=preset.sliding_stride)
