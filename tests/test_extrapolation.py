@@ -166,6 +166,9 @@ def test_study_writes_the_results_contract_and_resumes(tmp_path):
     assert set(table.label) == {"alibi", "learned"} and (table[table.eval_len == TINY.train_len].rise == 0).all()
     xp.study(TINY, tmp_path, labels=["alibi", "learned"], quiet=True)  # nothing left to run
     assert len(list(csv.DictReader(csv_path.open()))) == len(rows)
+    outcome = xp.check(TINY, tmp_path, "learned", 0)  # a re-run gives the stored rows bit for bit, NaN notes included
+    assert outcome["identical"] and outcome["rows"] == sum(r["run"] == "learned" for r in rows)
+    assert json.loads(json_path.read_text())["reproduction_checks"] == [outcome]
 
 
 def test_bootstrap_ranks_and_pairs():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -40,7 +41,7 @@ from .corpus import VOCAB_SIZE, load_corpus, sample_windows
 from .evaluate import matched_losses, sliding_losses, spaced_sequences
 from .ngram import ngram_baselines
 from .passkey import passkey_correct, training_batches, test_batch
-from .runinfo import load_average, run_metadata
+from .runinfo import git_state, load_average, run_metadata
 from .tasks import IGNORE_INDEX
 
 COLUMNS = ["preset", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "bucket", "metric", "value", "note"]
@@ -420,6 +421,36 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
     return csv_path, seq_path, json_path
 
 
+def check(preset: Preset, out_dir: Path, label: str, seed: int) -> dict:
+    """Re-run one stored (scheme, seed) and compare its rows with the stored ones, as the CSV writes them (bit for bit).
+
+    The outcome is appended to the metadata JSON under "reproduction_checks" and returned.
+    """
+    csv_path, _, json_path = result_paths(preset.name, Path(out_dir))
+    with csv_path.open() as f:
+        stored = [r for r in csv.DictReader(f) if r["run"] == label and int(r["seed"]) == seed]
+    if not stored:
+        raise ValueError(f"no stored rows for {label}/{seed} in {csv_path}")
+    if preset.threads:
+        torch.set_num_threads(preset.threads)
+    start = time.perf_counter()
+    rows, _ = run(label, seed, preset, load_corpus(preset.corpus_bytes))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["run"] + COLUMNS)
+    writer.writeheader()
+    writer.writerows({"run": label, **{k: r.get(k, "") for k in COLUMNS}} for r in rows)
+    fresh = list(csv.DictReader(io.StringIO(text.getvalue())))
+    pairs = list(zip(stored, fresh))
+    differences = [abs(float(a["value"]) - float(b["value"])) for a, b in pairs if a["value"] != b["value"]]
+    outcome = {"run": f"{label}/{seed}", "rows": len(stored), "identical": fresh == stored,
+               "max_abs_difference": max((d for d in differences if d == d), default=0.0), "seconds": round(time.perf_counter() - start, 1),
+               "commit": git_state()[0], "threads": torch.get_num_threads(), "date": run_metadata(preset.name, preset, "cpu", torch.float32)["date"]}
+    meta = json.loads(json_path.read_text())
+    meta["reproduction_checks"] = [c for c in meta.get("reproduction_checks", []) if c["run"] != outcome["run"]] + [outcome]
+    json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m posenc.study.extrapolation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
@@ -427,10 +458,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schemes", nargs="+", help="a subset of the schemes (default: all)")
     parser.add_argument("--device", help="override the preset's device (cpu, cuda)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results of this preset instead of resuming")
+    parser.add_argument("--check", metavar="SCHEME/SEED", help="re-run one stored run and compare it with the stored rows, bit for bit")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset] if args.device is None else replace(PRESETS[args.preset], device=args.device)
     if preset.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)")
+    if args.check:
+        label, _, seed = args.check.partition("/")
+        outcome = check(preset, args.out, label, int(seed))
+        print(json.dumps(outcome))
+        return 0 if outcome["identical"] else 1
     paths = study(preset, args.out, args.schemes, args.fresh)
     if int(os.environ.get("RANK", "0")) == 0:
         print("wrote " + ", ".join(map(str, paths)))
