@@ -6,6 +6,7 @@ import torch
 
 from ._checks import as_positions
 from .core import attention
+from .positions import axis_inputs
 from .scheme import NoPE, Scheme
 
 
@@ -21,6 +22,12 @@ class KVCache:
     sink's key stays rotated by its original position, so the distance from a late
     query to a sink grows with the stream (StreamingLLM instead re-numbers positions
     inside the cache; posenc does not).
+
+    A scheme with several position axes (M-RoPE, axial 2-D RoPE) takes each chunk's
+    coordinates, (axes, n) or (axes, batch, n), beside its 1-D positions: the keys are
+    rotated by the coordinates, and the cache keeps only the positions, which order the
+    sequence for the mask (Qwen2-VL decodes text after an image this way: positions
+    count tokens, coordinates restart from the image's largest id plus one).
     """
 
     def __init__(self, scheme: Scheme | None = None):
@@ -32,8 +39,8 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.positions is None else self.positions.shape[-1]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, positions) -> None:
-        """Add keys and values (batch, heads, n, head_dim) at `positions`, (n,) or (batch, n)."""
+    def append(self, k: torch.Tensor, v: torch.Tensor, positions, coords=None) -> None:
+        """Add keys and values (batch, heads, n, head_dim) at `positions`, (n,) or (batch, n); `coords` (axes, [batch,] n) for a multi-axis scheme."""
         p = as_positions("positions", positions, integer=True)
         p = p.reshape(-1) if p.ndim <= 1 else p
         if k.ndim != 4 or k.shape != v.shape[:3] + (k.shape[3],) or k.shape[2] != p.shape[-1] or (p.ndim == 2 and p.shape[0] != k.shape[0]):
@@ -42,7 +49,8 @@ class KVCache:
             )
         if self.positions is not None and p.ndim != self.positions.ndim:
             raise ValueError(f"positions must keep one shape per cache: (n,) or (batch, n) throughout, got {tuple(p.shape)} after {tuple(self.positions.shape)}")
-        k = self.scheme.transform_qk(k, p.to(k.device))
+        c = axis_inputs("coords", p, coords, self.scheme.position_axes, k.shape[2], k.shape[0])
+        k = self.scheme.transform_k(k, (p if c is None else c).to(k.device))
         if self.keys is None:
             self.keys, self.values, self.positions = k, v, p.to(k.device)
         else:
@@ -64,15 +72,15 @@ class KVCache:
         self.keys, self.values = self.keys.index_select(2, keep), self.values.index_select(2, keep)
         self.positions = self.positions.index_select(-1, keep.to(self.positions.device))
 
-    def attend(self, q: torch.Tensor, positions, **kwargs) -> torch.Tensor:
-        """Attention of queries at `positions` ((n,) or (batch, n)) against everything cached (causal by default)."""
+    def attend(self, q: torch.Tensor, positions, coords=None, **kwargs) -> torch.Tensor:
+        """Attention of queries at `positions` ((n,) or (batch, n)), at `coords` where the scheme has several axes, against everything cached (causal by default)."""
         if self.keys is None:
             raise ValueError("the cache is empty: append keys and values first")
         p = as_positions("positions", positions, integer=True)
         p = p.reshape(-1) if p.ndim <= 1 else p
-        return attention(q, self.keys, self.values, self.scheme, q_positions=p, k_positions=self.positions, keys_transformed=True, **kwargs)
+        return attention(q, self.keys, self.values, self.scheme, q_positions=p, k_positions=self.positions, q_coords=coords, keys_transformed=True, **kwargs)
 
-    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, **kwargs) -> torch.Tensor:
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, coords=None, **kwargs) -> torch.Tensor:
         """Append a chunk's keys and values, then attend with its queries: one decoding or prefill step."""
-        self.append(k, v, positions)
-        return self.attend(q, positions, **kwargs)
+        self.append(k, v, positions, coords)
+        return self.attend(q, positions, coords, **kwargs)

@@ -64,11 +64,20 @@ def _zero_empty_rows(out: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0)
 
 
-def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: float) -> torch.Tensor:
+def _resolve(q, k, scheme: Scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed: bool) -> Positions:
+    if q_coords is not None and k_coords is None and not keys_transformed and scheme.position_axes > 1:
+        raise ValueError("q_coords needs k_coords (the keys' coordinates on the same axes), unless keys_transformed=True")
+    return Positions.resolve(
+        q_positions, k_positions, q.shape[2], k.shape[2], q.shape[0], q.device,
+        q_coords=q_coords, k_coords=k_coords, axes=scheme.position_axes, keys_transformed=keys_transformed,
+    )
+
+
+def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: float, *, q_coords=None, k_coords=None) -> torch.Tensor:
     """Scores q.k * scale plus the scheme's bias, after its query/key transform; no mask. Float32."""
-    positions = Positions.resolve(q_positions, k_positions, q.shape[2], k.shape[2], q.shape[0], q.device)
+    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed=False)
     q = scheme.transform_qk(q, positions.query_positions())
-    k = scheme.transform_qk(k, positions.key_positions())
+    k = scheme.transform_k(k, positions.key_positions())
     bias = bias_table(scheme, positions, q)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scale
     return scores if bias is None else scores + bias
@@ -152,6 +161,8 @@ def attention(
     mask: torch.Tensor | None = None,
     q_positions=None,
     k_positions=None,
+    q_coords=None,
+    k_coords=None,
     backend: str = "explicit",
     scale: float | None = None,
     return_weights: bool = False,
@@ -166,6 +177,11 @@ def attention(
     mask and the scheme's own. Input-hook schemes act on embeddings before the
     projections, so here they change nothing. `keys_transformed=True` says k already
     went through the scheme's query/key transform (a KV cache stores rotated keys).
+    For a scheme with several position axes (scheme.position_axes > 1), `q_coords` and
+    `k_coords` ((axes, len) or (axes, batch, len): rows and columns of image patches,
+    Qwen2-VL's time, height and width ids) go to its query/key transform, while the
+    mask and any bias follow the 1-D positions (by default the order of the sequence);
+    without k_coords, queries take the last q_len of them.
     Returns the output, or (output, weights) with `return_weights=True` (explicit only).
     """
     _check_qkv(q, k, v)
@@ -182,12 +198,12 @@ def attention(
         )
     q_len, k_len = q.shape[2], k.shape[2]
     _check_mask(mask, q_len, k_len)
-    positions = Positions.resolve(q_positions, k_positions, q_len, k_len, q.shape[0], q.device)
+    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
 
     q = scheme.transform_qk(q, positions.query_positions())
     if not keys_transformed:
-        k = scheme.transform_qk(k, positions.key_positions())
+        k = scheme.transform_k(k, positions.key_positions())
     if backend in ("flex", "flex_uncompiled"):
         return _flex(q, k, v, scheme, positions, causal, mask, scale, compiled=backend == "flex")
     bias = bias_table(scheme, positions, q)

@@ -6,6 +6,13 @@ them keys sit at 0..k_len-1 and queries at the last q_len of those: the *default
 layout*, in which a position is an index plus a constant, so a score_mod or
 mask_mod over it stays a pure function of the indices and its block mask and
 dense tables can be cached per shape.
+
+A scheme with several position axes (`Scheme.position_axes` > 1: a patch's row and
+column, or Qwen2-VL's time, height and width ids) also takes *coordinates*,
+`q_coords` and `k_coords` of shape (axes, L) or (axes, batch, L). They reach only
+the query/key transform; masks and biases keep the 1-D order of the sequence (the
+default layout, or the positions given beside the coordinates), as a causal mask
+follows the order in which tokens arrive, not their place in an image.
 """
 
 from __future__ import annotations
@@ -44,34 +51,81 @@ def _given(name: str, given, length: int, batch: int) -> torch.Tensor:
     raise ValueError(f"{name} must have shape ({length},) or (batch, {length}) = ({batch}, {length}), got {tuple(p.shape)}")
 
 
+def check_coords(name: str, coords, axes: int, length: int, batch: int) -> torch.Tensor:
+    """Coordinates on a scheme's position axes: (axes, length) or (axes, batch, length), real numbers allowed."""
+    c = as_positions(name, coords, integer=False)
+    if c.ndim in (2, 3) and c.shape[0] == axes and c.shape[-1] == length and (c.ndim == 2 or c.shape[1] == batch):
+        return c
+    raise ValueError(
+        f"{name} must have shape ({axes}, {length}) or ({axes}, batch, {length}) = ({axes}, {batch}, {length}): "
+        f"one row of positions per axis of a scheme with position_axes={axes}; got {tuple(c.shape)}"
+    )
+
+
+def axis_inputs(name: str, positions: torch.Tensor | None, coords, axes: int, length: int, batch: int) -> torch.Tensor | None:
+    """Checked coordinates for a query/key transform, or None where the 1-D positions serve (one axis, or none given).
+
+    A scheme with one axis takes no coordinates; a scheme with several takes 1-D positions
+    shared by the batch (M-RoPE reads them as equal ids), but per-row positions (batch, L)
+    only as coordinates (axes, batch, L), which cannot be mistaken for (axes, L).
+    """
+    if coords is not None:
+        if axes == 1:
+            raise ValueError(f"{name} is for schemes with several position axes (position_axes > 1: AxialRope, MRope); this scheme has one: give its positions alone")
+        return check_coords(name, coords, axes, length, batch)
+    if axes > 1 and positions is not None and positions.ndim == 2:
+        raise ValueError(f"per-row positions {tuple(positions.shape)} for a scheme with position_axes={axes} need {name} of shape ({axes}, batch, {length})")
+    return None
+
+
 def _is_arange(p: torch.Tensor, start: int) -> bool:
     return p.ndim == 1 and torch.equal(p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype))
 
 
 @dataclass(frozen=True)
 class Positions:
-    """Positions of one attention call: `q` and `k` are None in the default layout, else tensors (L,) or (batch, L)."""
+    """Positions of one attention call: `q` and `k` are None in the default layout, else tensors (L,) or (batch, L).
+
+    `q_coords` and `k_coords` are coordinates on several axes, (axes, L) or
+    (axes, batch, L), for the query/key transform only; None where it reads `q`, `k`.
+    """
 
     q_len: int
     k_len: int
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
+    q_coords: torch.Tensor | None = None
+    k_coords: torch.Tensor | None = None
 
     @classmethod
-    def resolve(cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device) -> Positions:
-        """Check the given positions; positions equal to the default layout are recognised as it."""
+    def resolve(
+        cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device, *, q_coords=None, k_coords=None, axes: int = 1, keys_transformed: bool = False
+    ) -> Positions:
+        """Check the given positions; positions equal to the default layout are recognised as it.
+
+        Without q_coords, queries take the last q_len of k_coords, as in the default layout.
+        Keys already transformed (a KV cache) need no coordinates.
+        """
         if q_positions is None and k_positions is None:
             default_positions(q_len, k_len)  # checks q_len <= k_len
-            return cls(q_len, k_len)
-        if q_positions is None or k_positions is None:
-            dq, dk = default_positions(q_len, k_len)
-            q_positions = dq if q_positions is None else q_positions
-            k_positions = dk if k_positions is None else k_positions
-        q = _given("q_positions", q_positions, q_len, batch)
-        k = _given("k_positions", k_positions, k_len, batch)
-        if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len):
-            return cls(q_len, k_len)
-        return cls(q_len, k_len, q.to(device), k.to(device))
+            q = k = None
+        else:
+            if q_positions is None or k_positions is None:
+                dq, dk = default_positions(q_len, k_len)
+                q_positions = dq if q_positions is None else q_positions
+                k_positions = dk if k_positions is None else k_positions
+            q = _given("q_positions", q_positions, q_len, batch)
+            k = _given("k_positions", k_positions, k_len, batch)
+            if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len):
+                q = k = None
+        k_coords = None if keys_transformed else axis_inputs("k_coords", k, k_coords, axes, k_len, batch)
+        if q_coords is None and k_coords is not None:
+            if q_len > k_len:
+                raise ValueError(f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords")
+            q_coords = k_coords[..., k_len - q_len :]
+        q_coords = axis_inputs("q_coords", q, q_coords, axes, q_len, batch)
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return cls(q_len, k_len, on(q), on(k), on(q_coords), on(k_coords))
 
     @property
     def is_default(self) -> bool:
@@ -83,10 +137,14 @@ class Positions:
         return self.q is not None and (self.q.ndim == 2 or self.k.ndim == 2)
 
     def query_positions(self):
-        """What a query/key transform receives: a range in the default layout (RoPE caches its table for it), else the tensor."""
+        """What a query/key transform receives: the coordinates if given, a range in the default layout (RoPE caches its table for it), else the tensor."""
+        if self.q_coords is not None:
+            return self.q_coords
         return range(self.k_len - self.q_len, self.k_len) if self.q is None else self.q
 
     def key_positions(self):
+        if self.k_coords is not None:
+            return self.k_coords
         return range(self.k_len) if self.k is None else self.k
 
     def q_at(self, b, q_idx):

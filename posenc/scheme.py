@@ -5,7 +5,11 @@ Every scheme acts at (at most) one of three places, and overrides only that hook
 * ``"input"``: `embed(positions)` gives vectors added to the token embeddings
   (posenc.input: sinusoidal, learned, recurrent);
 * ``"qk"``: `transform_qk(x, positions)` changes queries and keys before the dot
-  product (posenc.qk: RoPE and its frequency rescalings);
+  product (posenc.qk: RoPE and its frequency rescalings); a scheme that treats keys
+  differently from queries (xPos scales them by the inverse) also overrides
+  `transform_k`. A scheme with several position axes (`position_axes` 2 or 3: axial
+  2-D RoPE, M-RoPE) receives them as one (axes, seq_len) or (axes, batch, seq_len)
+  tensor, while masks and biases keep the 1-D order of the sequence;
 * ``"score"``: `score_mod(score, b, h, q_pos, k_pos)` adds a bias to one logit and
   `mask_mod(b, h, q_pos, k_pos)` says whether a query may see a key (posenc.score:
   ALiBi, T5, Shaw, sliding windows). Each is written once, for one query and one
@@ -45,6 +49,7 @@ class Scheme(nn.Module):
     per_layer = False  # True where each layer of a model needs its own instance (learned per-layer tables)
     window: int | None = None  # keys a query sees, itself included, where the scheme masks a window
     num_sinks = 0  # first positions every query also sees (attention sinks)
+    position_axes = 1  # axes of position its query/key transform reads: 2 for (row, col), 3 for (time, height, width)
 
     def register_float32_buffer(self, name: str, value: torch.Tensor) -> None:
         """A constant (frequencies, slopes) that stays float32 when the module is cast to bf16 or fp16.
@@ -68,8 +73,15 @@ class Scheme(nn.Module):
         return None
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
-        """Query/key hook: x is (batch, heads, seq_len, head_dim); positions (seq_len,) or (batch, seq_len)."""
+        """Query/key hook: x is (batch, heads, seq_len, head_dim); positions (seq_len,) or (batch, seq_len).
+
+        For a scheme with position_axes > 1, positions may also be (axes, seq_len) or (axes, batch, seq_len).
+        """
         return x
+
+    def transform_k(self, x: torch.Tensor, positions) -> torch.Tensor:
+        """The query/key hook for keys: transform_qk, unless a scheme treats keys differently (xPos)."""
+        return self.transform_qk(x, positions)
 
     def query_score_mod(self, q: torch.Tensor, positions) -> ScoreMod | None:
         """A bias that reads the queries, as an index-space score_mod(score, b, h, q_idx, kv_idx); None for most schemes.

@@ -102,6 +102,7 @@ class SlidingWindow(Scheme):
             raise ValueError("inner must not be another SlidingWindow: give one window")
         self.inner = NoPE() if inner is None else inner
         self.needs_weights, self.bias_is_constant, self.per_layer = self.inner.needs_weights, self.inner.bias_is_constant, self.inner.per_layer
+        self.position_axes = self.inner.position_axes
 
     def mask_mod(self, b, h, q_pos, k_pos):
         return self._window_mod(b, h, q_pos, k_pos)
@@ -118,6 +119,9 @@ class SlidingWindow(Scheme):
 
     def transform_qk(self, x, positions):
         return self.inner.transform_qk(x, positions)
+
+    def transform_k(self, x, positions):
+        return self.inner.transform_k(x, positions)
 
     def query_score_mod(self, q, positions):
         return self.inner.query_score_mod(q, positions)
