@@ -56,6 +56,7 @@ FACTOR_ONE = {
     "dynamic": {"max_position_embeddings": 512, "seq_len": 512},  # see test_dynamic_at_factor_one_still_follows_the_length
     "yarn": {"original_max_position_embeddings": 512},
     "llama3": {"original_max_position_embeddings": 512},
+    "longrope": {"original_max_position_embeddings": 512, "short_factor": "ones", "long_factor": "ones"},  # ones: one per pair
 }
 
 
@@ -68,7 +69,8 @@ def test_every_scaling_type_is_covered():
 def test_every_rope_type_reduces_to_plain_rope_at_factor_one(rope_type, half, base):
     head_dim = 2 * half
     plain, _ = posenc.rope_frequencies(head_dim, base)
-    scaled, attention_factor = posenc.rope_frequencies(head_dim, base, rope_type, factor=1.0, **FACTOR_ONE[rope_type])
+    params = {k: [1.0] * half if v == "ones" else v for k, v in FACTOR_ONE[rope_type].items()}
+    scaled, attention_factor = posenc.rope_frequencies(head_dim, base, rope_type, factor=1.0, **params)
     torch.testing.assert_close(scaled, plain, atol=0, rtol=1e-6)
     assert attention_factor == 1.0
 

@@ -28,14 +28,36 @@ def rope_parameters(rope_type: str) -> dict[str, object]:
 NUMERICS = {"float64": torch.float64, "transformers": torch.float32}
 
 
-def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "default", numerics: str = "float64", **params) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies theta_i, i < head_dim/2, and the attention factor, for a `rope_type`.
+def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
+    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor), Hugging Face's rule; it must be even."""
+    positive_int("head_dim", head_dim, even=PAIRS)
+    factor = positive_float("partial_rotary_factor", partial_rotary_factor)
+    if factor > 1.0:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1] (the fraction of each head that rotates), got {factor}")
+    rotated = int(head_dim * factor)
+    if rotated < 2 or rotated % 2:
+        raise ValueError(
+            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = {rotated} dimensions of each head: "
+            f"it must be an even number >= 2 ({PAIRS})"
+        )
+    return rotated
+
+
+def rope_frequencies(
+    head_dim: int, base: float = 10000.0, rope_type: str = "default", numerics: str = "float64", partial_rotary_factor: float = 1.0, **params
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies theta_i, i < rotated/2, and the attention factor, for a `rope_type`.
 
     "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
-    "dynamic", "yarn" and "llama3" rescale it (posenc.qk.rope_scaling; parameters
-    named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
+    "dynamic", "yarn", "longrope" and "llama3" rescale it (posenc.qk.rope_scaling;
+    parameters named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
     like Hugging Face's RoPE init functions: inv_freq is float32 of length
-    head_dim/2, attention_factor multiplies cos and sin.
+    rotated/2, attention_factor multiplies cos and sin.
+
+    `partial_rotary_factor` < 1 rotates only the first int(head_dim * factor) dimensions
+    of each head (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): every schedule is
+    then formed for that rotated width, which changes the NTK exponent d/(d - 2) and
+    YaRN's correction range, as in Hugging Face.
 
     `numerics="float64"` (the default) forms the frequencies in float64 and rounds once,
     so each is the float32 nearest the formula. `numerics="transformers"` forms them in
@@ -43,7 +65,7 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "def
     differ by 1-3 ulps, which at position 131071 moves an angle by up to about 3e-2 rad.
     Use it to run a checkpoint trained with transformers exactly as it was trained.
     """
-    positive_int("head_dim", head_dim, even=PAIRS)
+    rotated = rotary_dim(head_dim, partial_rotary_factor)
     choice("numerics", numerics, tuple(NUMERICS))
     positive_float("base", base, minimum=1.0)
     accepted = rope_parameters(rope_type)
@@ -53,7 +75,7 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, rope_type: str = "def
     missing = sorted(name for name, default in accepted.items() if default is inspect.Parameter.empty and name not in params)
     if missing:
         raise ValueError(f"rope_type {rope_type!r} needs {', '.join(missing)}")
-    inv_freq, attention_factor = ROPE_TYPES[rope_type](head_dim, base, NUMERICS[numerics], **params)
+    inv_freq, attention_factor = ROPE_TYPES[rope_type](rotated, base, NUMERICS[numerics], **params)
     return inv_freq.float(), attention_factor
 
 
@@ -128,14 +150,20 @@ def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
-    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, head_dim/2).
+    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, rotated/2).
 
+    The first `rotated` = 2 * cos.shape[-1] dimensions of x are paired and rotated (all of
+    them unless the rotation is partial); the rest pass through, as in GPT-NeoX.
     Each product is rounded before the sum, as in Hugging Face's `q * cos + rotate_half(q) * sin`,
     so with the same cos and sin the result is bit-identical to it. Without gradients it is
     written into one output tensor with a single half-size scratch buffer (no rotate_half
     copy, no full-size temporaries); with gradients the same arithmetic runs out of place
     (torch's out= records no graph).
     """
+    rotated = 2 * cos.shape[-1]
+    if rotated < x.shape[-1]:
+        turned = rotate_pairs(x[..., :rotated], cos, sin, layout)
+        return torch.cat((turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)), -1)
     x1, x2 = _pairs(x, layout)
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
         first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -150,7 +178,9 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     return out
 
 
-def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0, partial_rotary_factor: float = 1.0
+) -> torch.Tensor:
     """Rotate each pair of dimensions of x by the angle position * theta_i.
 
     x is `(..., seq_len, head_dim)`; positions is `(seq_len,)`, `(batch, seq_len)` for x
@@ -159,10 +189,17 @@ def apply_rope(x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str =
     dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles and
     their cos and sin are formed in float32 (float64 for float64 inputs), then cast to
     x's dtype, in which the rotation runs; cos and sin are multiplied by `attention_factor`.
+    With `partial_rotary_factor` < 1 only the first int(head_dim * factor) dimensions
+    rotate (paired within them, in either layout) and the rest pass through; inv_freq
+    then has half that length (rope_frequencies with the same factor).
     """
     _check_x(x)
     choice("layout", layout, LAYOUTS)
-    same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
+    rotated = rotary_dim(x.shape[-1], partial_rotary_factor)
+    if rotated == x.shape[-1]:
+        same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
+    else:
+        same_last_dim("inv_freq", inv_freq, rotated // 2, f"partial_rotary_factor={partial_rotary_factor} of head_dim {x.shape[-1]} (rotating {rotated})")
     positive_float("attention_factor", attention_factor)
     p = _broadcastable(as_positions("positions", positions, integer=False), x)
     cos, sin = rope_cos_sin(p, inv_freq, x, attention_factor)
@@ -246,7 +283,8 @@ class Rope(Scheme):
     """Rotary position embedding applied to queries and keys (Su et al., RoFormer).
 
     `rope_type` and its parameters select a frequency schedule (see rope_frequencies);
-    `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit.
+    `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit;
+    `partial_rotary_factor` < 1 rotates only the first part of each head.
     For positions 0..L-1 (what posenc.attention passes in the default layout) cos and sin
     come from a table kept per (length, device, dtype).
     """
@@ -265,19 +303,20 @@ class Rope(Scheme):
 
     @property
     def follows_length(self) -> bool:
-        """Dynamic NTK without a fixed seq_len: the frequencies follow the largest position seen in each call."""
-        return self.rope_type == "dynamic" and "seq_len" not in self.rope_params
+        """Dynamic NTK and LongRoPE without a fixed seq_len: the frequencies follow the largest position seen in each call."""
+        return self.rope_type in ("dynamic", "longrope") and "seq_len" not in self.rope_params
 
     def frequencies_for(self, positions) -> torch.Tensor:
-        """The inverse frequencies used for these positions (they depend on them only for dynamic NTK)."""
+        """The inverse frequencies used for these positions (they depend on them only for dynamic NTK and LongRoPE)."""
         if not self.follows_length:
             return self.inv_freq
         seq_len = int(as_positions("positions", positions, integer=False).max()) + 1
-        inv_freq, _ = rope_frequencies(self.head_dim, self.base, "dynamic", self.numerics, seq_len=seq_len, **self.rope_params)
+        inv_freq, _ = rope_frequencies(self.head_dim, self.base, self.rope_type, self.numerics, seq_len=seq_len, **self.rope_params)
         return inv_freq.to(self.inv_freq.device)
 
     def cos_sin(self, positions, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for these positions in like's dtype: sliced from the cached table when positions is a range from 0 up."""
+        same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
         if isinstance(positions, range) and positions.step == 1:
             stop = positions.stop
 

@@ -149,6 +149,54 @@ def yarn(
     return inv_freq, float(attention_factor)
 
 
+def _per_pair(name: str, values, head_dim: int) -> list[float]:
+    """One positive, finite rescale factor per rotated pair (LongRoPE's short_factor and long_factor)."""
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise TypeError(f"{name} must be a list of head_dim / 2 = {head_dim // 2} numbers (one per rotated pair), got {type(values).__name__}")
+    if len(values) != head_dim // 2:
+        raise ValueError(f"{name} must have head_dim / 2 = {head_dim // 2} entries, one per rotated pair, got {len(values)}")
+    return [positive_float(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def longrope(
+    head_dim: int,
+    base: float,
+    dtype: torch.dtype,
+    short_factor,
+    long_factor,
+    original_max_position_embeddings: int | None = None,
+    factor: float | None = None,
+    attention_factor: float | None = None,
+    max_position_embeddings: int | None = None,
+    seq_len: int | None = None,
+) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Ding et al., 2024) as Phi-3 ships it: a searched rescale factor per pair, short or long.
+
+    theta_i / short_factor[i] for sequences up to original_max_position_embeddings,
+    theta_i / long_factor[i] when the current length `seq_len` is past it (the switch
+    Hugging Face makes on max(position_ids) + 1). Without `factor`, it is
+    max_position_embeddings / original_max_position_embeddings; without
+    `attention_factor`, it is sqrt(1 + ln(factor) / ln(original)) (1 for factor <= 1),
+    multiplying cos and sin for both sets.
+    """
+    original = _original(original_max_position_embeddings, "longrope")
+    short, long = _per_pair("short_factor", short_factor, head_dim), _per_pair("long_factor", long_factor, head_dim)
+    if factor is None:
+        if max_position_embeddings is None:
+            raise ValueError("rope_type 'longrope' needs factor, or max_position_embeddings to derive it from")
+        factor = positive_int("max_position_embeddings", max_position_embeddings) / original
+    factor = positive_float("factor", factor)
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    attention_factor = positive_float("attention_factor", attention_factor)
+    is_long = seq_len is not None and positive_int("seq_len", seq_len) > original
+    ext_factors = torch.tensor(long if is_long else short, dtype=dtype)
+    inv_freq_shape = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+    return 1.0 / (ext_factors * base**inv_freq_shape), float(attention_factor)
+
+
 def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, original_max_position_embeddings: int | None = None, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
     """Llama 3.1's scaling: wavelength bands with a smooth blend between them.
 
@@ -171,4 +219,4 @@ def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, origin
 
 
 # rope_type -> function(head_dim, base, dtype, **params) -> (inv_freq, attention_factor)
-ROPE_TYPES = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "llama3": llama3}
+ROPE_TYPES = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "longrope": longrope, "llama3": llama3}
