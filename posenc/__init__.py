@@ -1,7 +1,8 @@
 """posenc: positional encodings for Transformers, one attention core and three places where position enters.
 
 * the input (`posenc.input`): sinusoidal, learned and recurrent codes added to the embeddings;
-* the queries and keys (`posenc.qk`): RoPE and its frequency rescalings;
+* the queries and keys (`posenc.qk`): RoPE and its frequency rescalings, xPos, and RoPE
+  over several position axes for images and video (axial 2-D RoPE, M-RoPE);
 * the scores (`posenc.score`): ALiBi, T5 buckets, Shaw's relative keys and values, masks and windows.
 
 `posenc.attention` composes any scheme with queries, keys and values on one of its
@@ -15,7 +16,7 @@ from .cache import KVCache
 from .device import default_device
 from .input import LearnedAbsolute, RecurrentAbsolute, Sinusoidal, sinusoidal_encoding
 from .model import TinyTransformer, build_scheme, train
-from .qk import LAYOUTS, ROPE_TYPES, Rope, apply_rope, rope_frequencies
+from .qk import LAYOUTS, ROPE_TYPES, AxialRope, MRope, Rope, XPos, apply_rope, rope_frequencies
 from .scheme import HOOKS, SCHEMES, NoPE, Scheme, make_scheme, register
 from .score import ALiBi, ShawRelative, SlidingWindow, T5Bias, alibi_slopes, t5_relative_bucket
 
@@ -23,11 +24,13 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ALiBi",
+    "AxialRope",
     "BACKENDS",
     "HOOKS",
     "KVCache",
     "LAYOUTS",
     "LearnedAbsolute",
+    "MRope",
     "NoPE",
     "ROPE_TYPES",
     "RecurrentAbsolute",
@@ -39,6 +42,7 @@ __all__ = [
     "SlidingWindow",
     "T5Bias",
     "TinyTransformer",
+    "XPos",
     "alibi_slopes",
     "apply_rope",
     "attention",

@@ -13,6 +13,9 @@ SCHEME_ARGS = {
     "shaw": lambda head_dim, heads: {"head_dim": head_dim, "max_distance": 3, "values": False, "init_std": 0.5},
     "t5": lambda head_dim, heads: {"num_heads": heads, "num_buckets": 8, "max_distance": 12, "init_std": 0.5},
     "sliding_window": lambda head_dim, heads: {"window": 3, "inner": posenc.Rope(head_dim)},
+    "xpos": lambda head_dim, heads: {"head_dim": head_dim},
+    "axial_rope": lambda head_dim, heads: {"head_dim": head_dim, "grid_width": 3},  # 1-D positions read as a raster 3 patches wide
+    "mrope": lambda head_dim, heads: {"head_dim": head_dim},  # 1-D positions are text: t = h = w
 }
 EXTRA_VARIANTS = [
     ("rope", {"layout": "interleaved"}),
@@ -25,6 +28,14 @@ EXTRA_VARIANTS = [
     ("rope", {"rope_type": "dynamic", "factor": 4.0, "max_position_embeddings": 64}),
     ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
     ("rope", {"rope_type": "llama3", "factor": 4.0, "original_max_position_embeddings": 8}),
+    ("rope", {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5], "long_factor": [1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0], "original_max_position_embeddings": 16, "factor": 4.0}),  # short factors within the tests' lengths
+    ("rope", {"partial_rotary_factor": 0.5}),
+    ("rope", {"partial_rotary_factor": 0.25, "layout": "interleaved"}),
+    ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "partial_rotary_factor": 0.5}),
+    ("xpos", {"layout": "interleaved", "scale_base": 8.0}),
+    ("axial_rope", {"layout": "interleaved", "grid_width": 4}),
+    ("mrope", {"mrope_section": [4, 2, 2], "mrope_interleaved": True}),
+    ("sliding_window", {"window": 3, "inner": posenc.XPos(16)}),
     ("sliding_window", {"window": 1}),
     ("sliding_window", {"window": 4, "inner": None}),
     ("sliding_window", {"window": 4, "inner": posenc.ALiBi(4)}),

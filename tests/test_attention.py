@@ -58,7 +58,7 @@ def test_decoding_with_a_cache_equals_one_full_pass(scheme, backend):
     full = posenc.attention(q, k, v, scheme, backend=backend)
     keys, values, steps = [], [], []
     for t in range(9):
-        keys.append(scheme.transform_qk(k[:, :, t : t + 1], torch.tensor([t])))  # a cache stores rotated keys
+        keys.append(scheme.transform_k(k[:, :, t : t + 1], torch.tensor([t])))  # a cache stores rotated keys
         values.append(v[:, :, t : t + 1])
         steps.append(
             posenc.attention(

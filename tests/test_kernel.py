@@ -109,7 +109,9 @@ def test_positions_per_batch_row_equal_running_each_row_alone(scheme, backend):
     q, k, v = qkv(batch=3, q_len=7, k_len=7)
     rows = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [5, 6, 7, 8, 9, 10, 11], [-3, -2, 0, 1, 2, 3, 4]])  # the last: a left-padded row
     rows = rows.clamp(min=0)
-    together = posenc.attention(q, k, v, scheme, q_positions=rows, k_positions=rows, backend=backend)
+    # a scheme with several position axes takes per-row positions as per-row coordinates (axes, batch, L)
+    coords = {"k_coords": getattr(scheme, "inner", scheme).from_sequence(rows)} if scheme.position_axes > 1 else {}
+    together = posenc.attention(q, k, v, scheme, q_positions=rows, k_positions=rows, backend=backend, **coords)
     for r in range(3):
         alone = posenc.attention(q[r : r + 1], k[r : r + 1], v[r : r + 1], scheme, q_positions=rows[r], k_positions=rows[r], backend=backend)
         torch.testing.assert_close(together[r : r + 1], alone, **TOL)
