@@ -29,6 +29,8 @@ def test_every_rope_type_agrees_with_hugging_face(hf, case):
         extra = {"max_position_embeddings": max_len, "seq_len": seq_len}
     if rope_type == "yarn" and "factor" not in params:
         extra = {"max_position_embeddings": max_len}
+    if rope_type == "longrope":  # the factor from the two lengths where it is not given; the current length picks short or long
+        extra = ({} if "factor" in params else {"max_position_embeddings": max_len}) | ({} if seq_len is None else {"seq_len": seq_len})
     inv_freq, factor = posenc.rope_frequencies(head_dim, base, rope_type, **params, **extra)
     expected_freq, expected_factor = hf[ref.scaling_case_id(case)]
     expected_freq = torch.tensor(expected_freq, dtype=torch.float32)
