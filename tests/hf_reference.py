@@ -246,6 +246,30 @@ def rope_index(parts: list) -> torch.Tensor:
     return ids[:, 0]
 
 
+VIT_GRID, VIT_NEW_GRID, VIT_DIM = (4, 4), (6, 8), 8  # ViT's position table of a 4 x 4 grid, resized for a 6 x 8 one
+
+
+def vit_table() -> torch.Tensor:
+    """A fixed (1 + 16, 8) ViT position table (class token first), written out like rotation_input."""
+    n = 1 + VIT_GRID[0] * VIT_GRID[1]
+    return torch.tensor([math.cos(0.7 * i + 0.1) * (1 + (i % 3)) for i in range(n * VIT_DIM)], dtype=torch.float32).reshape(n, VIT_DIM)
+
+
+def vit_interpolation() -> torch.Tensor:
+    """ViT's interpolate_pos_encoding of vit_table() for an image of VIT_NEW_GRID patches: the patch rows, (48, 8)."""
+    from transformers import ViTConfig
+    from transformers.models.vit.modeling_vit import ViTEmbeddings
+
+    patch = 8
+    config = ViTConfig(hidden_size=VIT_DIM, image_size=VIT_GRID[0] * patch, patch_size=patch, num_channels=1)
+    embeddings = ViTEmbeddings(config)
+    with torch.no_grad():
+        embeddings.position_embeddings.copy_(vit_table()[None])
+        tokens = torch.zeros(1, 1 + VIT_NEW_GRID[0] * VIT_NEW_GRID[1], VIT_DIM)
+        resized = embeddings.interpolate_pos_encoding(tokens, VIT_NEW_GRID[0] * patch, VIT_NEW_GRID[1] * patch)
+    return resized[0, 1:]
+
+
 def mrope_ids() -> torch.Tensor:
     """(3, 11) ids of text, a 2 x 3 image, text: the input of the M-RoPE rotation checks."""
     return torch.tensor([[0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7], [0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7], [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]])
@@ -270,6 +294,7 @@ def compute() -> dict:
         "mrope_interleaved_rotation": mrope_rotation(mrope_ids(), interleaved=True).tolist(),
         "vision_rotation": [t.tolist() for t in vision_rotation((4, 6))],
         "rope_index": {name: rope_index(parts).tolist() for name, parts in ROPE_INDEX_CASES.items()},
+        "vit_interpolation": vit_interpolation().tolist(),
     }
 
 

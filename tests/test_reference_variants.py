@@ -1,6 +1,6 @@
 """Cross-checks of the RoPE variants against transformers (pinned), live and frozen: partial rotation in GPT-NeoX,
 Phi and GPT-J, LongRoPE in Phi-3's rotary module, M-RoPE in Qwen2-VL and Qwen3-VL, axial RoPE in Qwen2-VL's vision
-encoder, and Qwen2-VL's position ids for images and video in text. (LongRoPE's and the partial schedules' frequencies
+encoder, Qwen2-VL's position ids for images and video in text, and ViT's resizing of its position table. (LongRoPE's and the partial schedules' frequencies
 are in ROPE_SCALING_CASES, checked by test_rope_scaling.)"""
 
 import importlib.util
@@ -10,6 +10,7 @@ import torch
 
 import hf_reference as ref
 import posenc
+from posenc.input.grid import resize_grid_table
 from posenc.qk.axial import mrope_positions
 
 HAVE_HF = importlib.util.find_spec("transformers") is not None
@@ -76,3 +77,9 @@ def test_mrope_positions_are_qwen2_vls_get_rope_index(hf, name):
     # the largest id + 1; transformers 5.23 advances by max(h, w) only, so the text reuses the last frame's time id
     assert torch.equal(ours[:, :-2], theirs[:, :-2])
     assert ours[:, -2].tolist() == [5, 5, 5] and theirs[:, -2].tolist() == [4, 4, 4] and int(theirs[0, :-2].max()) == 4
+
+
+def test_resizing_a_position_table_is_vits_interpolate_pos_encoding(hf):
+    table = ref.vit_table()[1:]  # the class token's vector is kept apart by ViT
+    ours = resize_grid_table(table, ref.VIT_GRID, ref.VIT_NEW_GRID)
+    torch.testing.assert_close(ours, tensor(hf["vit_interpolation"]), atol=0, rtol=0)
