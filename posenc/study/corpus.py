@@ -114,13 +114,3 @@ def sample_windows(data: torch.Tensor, length: int, batch_size: int, generator: 
     starts = torch.randint(0, len(data) - length - 1, (batch_size,), generator=generator)
     windows = torch.stack([data[s : s + length + 1] for s in starts.tolist()]).long()
     return windows[:, :-1], windows[:, 1:]
-
-
-def eval_windows(data: torch.Tensor, length: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` evenly spaced, non-random windows of `length` bytes: the same for every scheme."""
-    positive_int("count", count)
-    if len(data) <= length + 1:
-        raise ValueError(f"data of {len(data)} bytes is too short for windows of length {length}")
-    starts = torch.linspace(0, len(data) - length - 2, count).long()
-    windows = torch.stack([data[s : s + length + 1] for s in starts.tolist()]).long()
-    return windows[:, :-1], windows[:, 1:]
