@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import core
-from posenc.qk import rope as qk_rope
 from posenc.qk import rope_scaling
 from posenc.qk.xpos import xpos_zeta
 
