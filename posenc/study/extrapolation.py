@@ -94,7 +94,7 @@ PRESETS = {
     "cpu": Preset("cpu", dim=64, num_heads=2, num_layers=2, train_len=64, steps=1500, batch_size=32, lr=3e-3, seeds=(0, 1, 2),
                   eval_sequences=128, sliding_sequences=128, passkey_batch=16, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
                   threads=2),
-    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.2 M parameters, L = 256
+    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
     "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
                   eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
                   warmup=100, device="cuda"),
