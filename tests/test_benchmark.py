@@ -33,10 +33,10 @@ def tiny_run(tmp_path_factory):
 
 def expected_skip(row) -> str | None:
     """The reasons the tiny preset may skip a row on a CPU; None where it must run."""
-    if row["path"] in FLEX and row["pass"] == bench.BACKWARD and not torch.cuda.is_available():
-        return NO_CPU_BACKWARD
     if row["path"] in ("hf_eager", "flex"):
         return "left out of the tiny preset"
+    if row["path"] in FLEX and row["pass"] == bench.BACKWARD and not torch.cuda.is_available():
+        return NO_CPU_BACKWARD
     return None
 
 
@@ -212,7 +212,7 @@ def test_summary_is_median_and_quartiles():
 
 
 def test_hugging_face_rope_path_agrees_or_says_it_is_missing(monkeypatch):
-    preset = dataclasses.replace(TINY, hf_rope=True, compile_rope=False)
+    preset = dataclasses.replace(TINY, hf_rope=True)
     task = bench.Task("rope", "hf_eager", bench.FORWARD, 64, 1)
     pytest.importorskip("transformers")
     row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task, lambda t, length: True)
