@@ -7,10 +7,12 @@ requirements.txt), and frozen into data/hf_reference.json by
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 FROZEN = Path(__file__).parent / "data" / "hf_reference.json"
@@ -300,6 +302,23 @@ def compute() -> dict:
 
 def frozen() -> dict:
     return json.loads(FROZEN.read_text())
+
+
+
+# --- for the test modules: the values from both sources, as a fixture ---------------------------------------
+
+HAVE_HF = importlib.util.find_spec("transformers") is not None
+SOURCES = ["frozen", pytest.param("live", marks=pytest.mark.skipif(not HAVE_HF, reason="transformers not installed (pip install -r requirements.txt)"))]
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def hf(request):
+    """The reference values, frozen and (where transformers is installed) live: every test that takes it runs on both."""
+    return frozen() if request.param == "frozen" else compute()
+
+
+def tensor(values):
+    return torch.tensor(values, dtype=torch.float32)
 
 
 if __name__ == "__main__":

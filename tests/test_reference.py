@@ -1,24 +1,13 @@
 """Cross-checks against Hugging Face transformers (pinned), live and from frozen values."""
 
-import importlib.util
 
 import pytest
 import torch
 
 import hf_reference as ref
+from hf_reference import HAVE_HF, hf, tensor  # noqa: F401 (hf is a fixture)
 import posenc
 
-HAVE_HF = importlib.util.find_spec("transformers") is not None
-SOURCES = ["frozen", pytest.param("live", marks=pytest.mark.skipif(not HAVE_HF, reason="transformers not installed (pip install -r requirements.txt)"))]
-
-
-@pytest.fixture(scope="module", params=SOURCES)
-def hf(request):
-    return ref.frozen() if request.param == "frozen" else ref.compute()
-
-
-def tensor(values):
-    return torch.tensor(values, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("n_pos, dim", ref.SINUSOIDAL_CASES)

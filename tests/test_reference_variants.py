@@ -3,27 +3,16 @@ Phi and GPT-J, LongRoPE in Phi-3's rotary module, M-RoPE in Qwen2-VL and Qwen3-V
 encoder, Qwen2-VL's position ids for images and video in text, and ViT's resizing of its position table. (LongRoPE's and the partial schedules' frequencies
 are in ROPE_SCALING_CASES, checked by test_rope_scaling.)"""
 
-import importlib.util
 
 import pytest
 import torch
 
 import hf_reference as ref
+from hf_reference import HAVE_HF, hf, tensor  # noqa: F401 (hf is a fixture)
 import posenc
 from posenc.input.grid import resize_grid_table
 from posenc.qk.axial import mrope_positions
 
-HAVE_HF = importlib.util.find_spec("transformers") is not None
-SOURCES = ["frozen", pytest.param("live", marks=pytest.mark.skipif(not HAVE_HF, reason="transformers not installed (pip install -r requirements.txt)"))]
-
-
-@pytest.fixture(scope="module", params=SOURCES)
-def hf(request):
-    return ref.frozen() if request.param == "frozen" else ref.compute()
-
-
-def tensor(values):
-    return torch.tensor(values, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("model, head_dim, factor, layout", ref.PARTIAL_CASES)
