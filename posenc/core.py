@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import choice
-from .kernel import _kept, bias_table, block_mask, index_score_mod, mask_table
+from .kernel import bias_table, block_mask, index_score_mod, kept, mask_table
 from .positions import Positions
 from .scheme import NoPE, Scheme
 
@@ -115,7 +115,7 @@ def _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows):
         # nothing here depends on learned parameters: one additive mask per shape, device and dtype
         key = ("sdpa", positions.key(), causal, q.shape[1], q.device, q.dtype)
         make = lambda: _float_mask(bias, allowed, q.dtype)  # noqa: E731
-        float_mask = _kept(key + (scheme.mask_key(),), make) if bias is None else scheme.cached(key, make)
+        float_mask = kept(key + (scheme.mask_key(),), make) if bias is None else scheme.cached(key, make)
     else:
         float_mask = _float_mask(bias, allowed, q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=scale)

@@ -28,7 +28,8 @@ _MASKS: OrderedDict = OrderedDict()  # dense masks and block masks of the defaul
 _MASKS_KEPT = 8
 
 
-def _kept(key, make: Callable[[], object]):
+def kept(key, make: Callable[[], object]):
+    """A table that depends on no learned parameter (a mask, a block mask), made once for `key` and kept for the last few keys."""
     if key not in _MASKS:
         while len(_MASKS) >= _MASKS_KEPT:
             _MASKS.popitem(last=False)
@@ -95,12 +96,11 @@ def mask_table(scheme: Scheme, positions: Positions, causal: bool, device) -> to
         mod = index_mask_mod(scheme, positions, causal)
         if mod is None:
             return None
-        rows = positions.q.shape[0] if positions.per_row and positions.q.ndim == 2 else (positions.k.shape[0] if positions.per_row else 1)
-        b, h, q_idx, kv_idx = index_grids(rows, 1, positions.q_len, positions.k_len, device)
-        return mod(b, h, q_idx, kv_idx).expand(rows, 1, positions.q_len, positions.k_len)
+        b, h, q_idx, kv_idx = index_grids(positions.rows, 1, positions.q_len, positions.k_len, device)
+        return mod(b, h, q_idx, kv_idx).expand(positions.rows, 1, positions.q_len, positions.k_len)
 
     key = _mask_key(scheme, positions, causal, device)
-    return evaluate() if key is None else _kept(("dense",) + key, evaluate)
+    return evaluate() if key is None else kept(("dense",) + key, evaluate)
 
 
 def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
@@ -126,7 +126,7 @@ def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tens
     rows = batch if positions.per_row else None
     key = _mask_key(scheme, positions, causal, q.device)
     build = lambda: create_block_mask(mod, rows, None, q_len, k_len, device=q.device.type)  # noqa: E731
-    return build() if key is None else _kept(("block",) + key, build)
+    return build() if key is None else kept(("block",) + key, build)
 
 
 def bias_matrix(scheme: Scheme, q_positions, k_positions, num_heads: int | None = None, q: torch.Tensor | None = None) -> torch.Tensor | None:

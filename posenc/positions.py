@@ -136,6 +136,13 @@ class Positions:
         """True when positions differ between the sequences of the batch."""
         return self.q is not None and (self.q.ndim == 2 or self.k.ndim == 2)
 
+    @property
+    def rows(self) -> int:
+        """How many sequences the positions tell apart: the batch where they are given per row, else 1."""
+        if not self.per_row:
+            return 1
+        return self.q.shape[0] if self.q.ndim == 2 else self.k.shape[0]
+
     def query_positions(self):
         """What a query/key transform receives: the coordinates if given, a range in the default layout (RoPE caches its table for it), else the tensor."""
         if self.q_coords is not None:
@@ -160,8 +167,7 @@ class Positions:
 
     def distances(self, device) -> torch.Tensor:
         """k_pos - q_pos of every pair (j - i), broadcastable to (batch, heads, q_len, k_len)."""
-        rows = self.q.shape[0] if self.per_row and self.q.ndim == 2 else (self.k.shape[0] if self.per_row else 1)
-        b, _, q_idx, kv_idx = index_grids(rows, 1, self.q_len, self.k_len, device)
+        b, _, q_idx, kv_idx = index_grids(self.rows, 1, self.q_len, self.k_len, device)
         return self.k_at(b, kv_idx) - self.q_at(b, q_idx)
 
     def key(self):
