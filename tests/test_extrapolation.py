@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -218,3 +219,12 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     assert one[keys].astype(str).equals(two[keys].astype(str))
     assert np.allclose(one.value, two.value, atol=1e-4, rtol=1e-4, equal_nan=True)
     assert len(one) > 100 and one.scheme.nunique() == len(xp.rescalings(xp.PRESETS["smoke"]))
+
+
+def test_runs_side_by_side_write_what_one_process_writes(tmp_path):
+    """preset.jobs trains whole runs in separate processes: the files are the one-process files, byte for byte."""
+    one = replace(TINY, threads=1, jobs=1)
+    paths = {jobs: xp.study(replace(one, jobs=jobs), tmp_path / str(jobs), labels=["learned", "alibi"], quiet=True) for jobs in (1, 2)}
+    for single, pooled in zip(paths[1][:2], paths[2][:2]):
+        assert single.read_bytes() == pooled.read_bytes()
+    assert json.loads(paths[2][2].read_text())["jobs"] == 2

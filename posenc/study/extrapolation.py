@@ -1,6 +1,6 @@
 """Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
 
-    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 CPU threads, about 40 minutes
+    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about 45 minutes
     python -m posenc.study.extrapolation --preset gpu      # a larger model on one GPU
     torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu   # the same under DistributedDataParallel
 
@@ -25,9 +25,11 @@ import csv
 import io
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,7 +75,8 @@ class Preset:
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     sliding_stride_divisor: int = 2  # the window slides by L / divisor
     corpus_bytes: int | None = None  # None: the whole standard library
-    threads: int | None = None
+    threads: int | None = None  # torch threads of each process
+    jobs: int = 1  # runs trained side by side in separate processes (one process, one run: the numbers do not depend on it)
     device: str = "cpu"
 
     @property
@@ -90,10 +93,10 @@ PRESETS = {
     "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
                     eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
                     warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
-    # the committed results: this 2-core machine, both cores, about 40 minutes
-    "cpu": Preset("cpu", dim=64, num_heads=2, num_layers=2, train_len=64, steps=1500, batch_size=32, lr=3e-3, seeds=(0, 1, 2),
-                  eval_sequences=128, sliding_sequences=128, passkey_batch=16, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
-                  threads=2),
+    # the committed results: this 2-core machine, two runs side by side on one thread each, about 45 minutes
+    "cpu": Preset("cpu", dim=64, num_heads=2, num_layers=4, train_len=64, steps=2500, batch_size=32, lr=1e-2, seeds=(0, 1, 2),
+                  eval_sequences=128, sliding_sequences=128, passkey_batch=8, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
+                  warmup=100, passkey_weight=0.25, threads=1, jobs=2),
     # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
     "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
                   eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
@@ -363,10 +366,41 @@ def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
         writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
 
 
+def _sort_rows(path: Path, key) -> None:
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        columns, rows = reader.fieldnames, list(reader)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(sorted(rows, key=key))  # stable: a run's rows keep their order
+
+
+_WORKER: dict = {}
+
+
+def _start_worker(preset: Preset) -> None:
+    """A process of the pool: its threads, the corpus and the evaluation sequences, once."""
+    if preset.threads:
+        torch.set_num_threads(preset.threads)
+    corpus = load_corpus(preset.corpus_bytes)
+    _WORKER.update(preset=preset, corpus=corpus, evaluation=Evaluation(corpus, preset, World()))
+
+
+def _run_in_worker(label: str, seed: int) -> tuple[str, int, list[dict], list[dict], float]:
+    start = time.perf_counter()
+    rows, seqs = run(label, seed, _WORKER["preset"], _WORKER["corpus"], _WORKER["evaluation"])
+    return label, seed, rows, seqs, time.perf_counter() - start
+
+
 def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False) -> tuple[Path, Path, Path]:
     """Run every (scheme, seed) not already in the results file; write the CSVs and the metadata JSON.
 
     Under torchrun every process trains and evaluates its share; the first one writes the files.
+    Otherwise `preset.jobs` processes train whole runs side by side (each run's numbers are the
+    same as alone: a run depends on its preset and seed only, at a fixed thread count).
     """
     world, device = join_world(preset.device)
     csv_path, seq_path, json_path = result_paths(preset.name, Path(out_dir))
@@ -389,7 +423,7 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
         todo = [(label, seed) for label in order for seed in preset.seeds if (label, seed) not in done]
         meta = json.loads(json_path.read_text()) if json_path.exists() else {}
         meta.update(run_metadata(preset.name, preset, device, torch.float32), **corpus.describe())
-        meta.update(seeds=list(preset.seeds), world_size=world.size, sliding_stride=preset.sliding_stride)
+        meta.update(seeds=list(preset.seeds), world_size=world.size, jobs=preset.jobs if world.size == 1 else 1, sliding_stride=preset.sliding_stride)
         if "ngram_baselines" not in meta:
             start = time.perf_counter()
             baselines = ngram_baselines(corpus.train, corpus.valid)
@@ -402,20 +436,36 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
         box = [todo]
         dist.broadcast_object_list(box, src=0)
         todo = box[0]
-    evaluation = Evaluation(corpus, preset, world)
-    for i, (label, seed) in enumerate(todo):
+
+    def store(label: str, seed: int, rows: list[dict], seqs: list[dict], seconds: float) -> None:
+        meta["wall_seconds"][f"{label}/{seed}"] = round(seconds, 2)
+        _append(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
+        _append(csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows])  # last: a run is done once it is here
+        json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+    if preset.jobs > 1 and world.size == 1 and len(todo) > 1:  # runs side by side, one process each
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(preset.jobs, mp_context=spawn, initializer=_start_worker, initargs=(preset,)) as pool:
+            futures = [pool.submit(_run_in_worker, label, seed) for label, seed in todo]
+            for i, future in enumerate(as_completed(futures)):
+                store(*future.result())
+                if not quiet:
+                    progress(i + 1, len(todo), "")
+    else:
+        evaluation = Evaluation(corpus, preset, world)
+        for i, (label, seed) in enumerate(todo):
+            if world.main and not quiet:
+                progress(i, len(todo), f"{label} seed={seed}")
+            start = time.perf_counter()
+            rows, seqs = run(label, seed, preset, corpus, evaluation, world, device)
+            if world.main:
+                store(label, seed, rows, seqs, time.perf_counter() - start)
         if world.main and not quiet:
-            progress(i, len(todo), f"{label} seed={seed}")
-        start = time.perf_counter()
-        rows, seqs = run(label, seed, preset, corpus, evaluation, world, device)
-        if world.main:
-            meta["wall_seconds"][f"{label}/{seed}"] = round(time.perf_counter() - start, 2)
-            _append(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
-            _append(csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows])  # last: a run is done once it is here
-            json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    if world.main:
-        if not quiet:
             progress(len(todo), len(todo), "done")
+    if world.main:
+        rank = {label: i for i, label in enumerate(scheme_table(preset))}
+        for path in (csv_path, seq_path):  # in the order of the scheme table and the seeds, however the runs finished
+            _sort_rows(path, lambda r: (rank.get(r["run"], len(rank)), int(r["seed"])))
         meta["load_average_end"] = load_average()
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return csv_path, seq_path, json_path
@@ -457,10 +507,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("chapters/results"), help="folder for the results (default: chapters/results)")
     parser.add_argument("--schemes", nargs="+", help="a subset of the schemes (default: all)")
     parser.add_argument("--device", help="override the preset's device (cpu, cuda)")
+    parser.add_argument("--jobs", type=int, help="runs side by side, one process each (default: the preset's)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier results of this preset instead of resuming")
     parser.add_argument("--check", metavar="SCHEME/SEED", help="re-run one stored run and compare it with the stored rows, bit for bit")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset] if args.device is None else replace(PRESETS[args.preset], device=args.device)
+    if args.jobs is not None:
+        if args.jobs < 1:
+            parser.error(f"--jobs must be a positive integer, got {args.jobs}")
+        preset = replace(preset, jobs=args.jobs)
     if preset.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)")
     if args.check:
