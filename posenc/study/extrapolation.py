@@ -100,7 +100,7 @@ PRESETS = {
     # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
     "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
                   eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
-                  warmup=100, device="cuda"),
+                  warmup=100, passkey_weight=0.25, device="cuda"),  # the cpu preset's passkey share and weight
 }
 
 
