@@ -228,3 +228,12 @@ def test_runs_side_by_side_write_what_one_process_writes(tmp_path):
     for single, pooled in zip(paths[1][:2], paths[2][:2]):
         assert single.read_bytes() == pooled.read_bytes()
     assert json.loads(paths[2][2].read_text())["jobs"] == 2
+
+
+def test_gpu_preset_runs_at_its_own_shapes(corpus):
+    """The gpu preset (8 heads of 32, L = 256, 8L = 2,048) has not run on a GPU yet: one step of it on the CPU shows the shapes fit."""
+    gpu = replace(xp.PRESETS["gpu"], device="cpu", steps=1, finetune_steps=1, eval_sequences=2, sliding_sequences=2, passkey_count=1,
+                  depths=(0.5,), seeds=(0,))
+    rows, _ = xp.run("alibi", 0, gpu, corpus)
+    lengths = {r["eval_len"] for r in rows if r["protocol"] == "matched" and r["bucket"] == "all"}
+    assert lengths == {256, 512, 1024, 2048} and all(0 < r["value"] < 10 for r in rows if r["metric"] == "loss")
