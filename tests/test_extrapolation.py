@@ -165,6 +165,12 @@ def test_study_writes_the_results_contract_and_resumes(tmp_path):
     table = summary.bootstrap(sequences, replicates=50)
     assert (table.lo <= table["mean"] + 1e-12).all() and (table["mean"] <= table.hi + 1e-12).all()
     assert set(table.label) == {"alibi", "learned"} and (table[table.eval_len == TINY.train_len].rise == 0).all()
+    rises = summary.bucket_rise(sequences, TINY.train_len, 8 * TINY.train_len, replicates=50)  # the learned table has no 8L
+    assert set(rises.label) == {"alibi"} and list(rises.bucket) == [f"{b * TINY.train_len}-{(b + 1) * TINY.train_len}" for b in range(8)]
+    assert (rises.lo <= rises["mean"] + 1e-12).all() and (rises["mean"] <= rises.hi + 1e-12).all()
+    assert rises.iloc[0][["mean", "lo", "hi"]].abs().max() < 1e-3  # causal: the first bucket is scored identically
+    with pytest.raises(ValueError, match="short and long must be lengths with bucket values"):
+        summary.bucket_rise(sequences, 2 * TINY.train_len, 8 * TINY.train_len)
     xp.study(TINY, tmp_path, labels=["alibi", "learned"], quiet=True)  # nothing left to run
     assert len(list(csv.DictReader(csv_path.open()))) == len(rows)
     outcome = xp.check(TINY, tmp_path, "learned", 0)  # a re-run gives the stored rows bit for bit, NaN notes included

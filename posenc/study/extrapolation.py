@@ -47,7 +47,7 @@ from .runinfo import git_state, load_average, run_metadata
 from .tasks import IGNORE_INDEX
 
 COLUMNS = ["preset", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "bucket", "metric", "value", "note"]
-SEQUENCE_COLUMNS = ["run", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "values"]
+SEQUENCE_COLUMNS = ["run", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "values", "bucket"]
 
 
 @dataclass(frozen=True)
@@ -244,8 +244,13 @@ class Evaluation:
     def _mine(self, x: torch.Tensor) -> torch.Tensor:
         return x[self.world.split(len(x))]
 
-    def lm(self, model) -> tuple[list[dict], list[dict]]:
-        """(rows, per-sequence rows) of both protocols at every length."""
+    def lm(self, model, buckets: bool = False) -> tuple[list[dict], list[dict]]:
+        """(rows, per-sequence rows) of both protocols at every length.
+
+        With `buckets`, the per-sequence rows also hold, at L and at the longest length, the mean
+        loss of each bucket of L positions of every matched sequence (protocol "matched_bucket"):
+        the pairs that posenc.study.summary.bucket_rise bootstraps.
+        """
         p, L = self.preset, self.preset.train_len
         rows, seqs = [], []
         for factor in p.eval_factors:
@@ -260,6 +265,10 @@ class Evaluation:
             for proto, losses in (("matched", matched), ("sliding", sliding)):
                 rows.append({"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": float(losses.mean())})
                 seqs.append({"protocol": proto, "eval_len": n, "values": " ".join(f"{v:.4f}" for v in losses.mean(1).tolist())})
+            if buckets and factor in (1, max(p.eval_factors)):
+                by_bucket = matched.reshape(len(matched), -1, L).mean(2)  # (sequences, buckets)
+                seqs += [{"protocol": "matched_bucket", "eval_len": n, "bucket": f"{b * L}-{(b + 1) * L}",
+                          "values": " ".join(f"{v:.4f}" for v in by_bucket[:, b].tolist())} for b in range(by_bucket.shape[1])]
             per_position = matched.mean(0)
             for b in range(len(per_position) // L):
                 rows.append({"protocol": "matched", "eval_len": n, "bucket": f"{b * L}-{(b + 1) * L}", "metric": "loss",
@@ -278,8 +287,8 @@ class Evaluation:
             seqs.append({"protocol": "passkey", "eval_len": n, "depth": depth, "values": "".join("1" if c else "0" for c in correct.tolist())})
         return rows, seqs
 
-    def __call__(self, model) -> tuple[list[dict], list[dict]]:
-        lm_rows, lm_seqs = self.lm(model)
+    def __call__(self, model, buckets: bool = False) -> tuple[list[dict], list[dict]]:
+        lm_rows, lm_seqs = self.lm(model, buckets)
         pk_rows, pk_seqs = self.passkey(model)
         tag = lambda rows, task: [{"task": task, **r} for r in rows]  # noqa: E731
         return tag(lm_rows, "lm") + tag(pk_rows, "passkey"), tag(lm_seqs, "lm") + tag(pk_seqs, "passkey")
@@ -314,8 +323,8 @@ def run(label: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | 
     losses = train_model(model, preset.steps, preset.lr, preset.warmup, mixed, world, device)
     rows, seqs = [], []
 
-    def record(variant_label, variant, m, extra=None):
-        r, s = evaluation(m)
+    def record(variant_label, variant, m):
+        r, s = evaluation(m, buckets=variant == "trained")
         rows.extend({"scheme": variant_label, "variant": variant, **x} for x in r)
         seqs.extend({"scheme": variant_label, "variant": variant, **x} for x in s)
 
@@ -334,7 +343,7 @@ def run(label: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | 
                         lambda step: [(*lm_batch(corpus.train, long_len, long_batch, seed + 512, step), 1.0)], world, device)
             record(variant_label, "fine-tuned", twin)
     full = [{"preset": preset.name, "seed": seed, "depth": "", "bucket": "", "note": "", **r} for r in rows]
-    return full, [{"seed": seed, "depth": "", **s} for s in seqs]
+    return full, [{"seed": seed, "depth": "", "bucket": "", **s} for s in seqs]
 
 
 # --- the study: runs, resume, files ---------------------------------------------------------------

@@ -98,3 +98,33 @@ def difference(sequences: pd.DataFrame, first: str, second: str, length: int, ta
     item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
     boot = np.einsum("bs,si,bi->b", seed_w, diff, item_w)
     return float(diff.mean()), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+def bucket_rise(sequences: pd.DataFrame, short: int, long: int, replicates: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per label and bucket of positions: the loss in windows of `long` minus in windows of `short`, on the same bytes.
+
+    Reads the per-sequence bucket means the study stores (protocol "matched_bucket") and
+    bootstraps them as `bootstrap` does, paired: one draw of seeds and sequences for every
+    label and bucket. Labels without values at `long` (a learned table past its length) are left
+    out. Columns: label, bucket, mean, lo, hi.
+    """
+    part = sequences[(sequences.task == "lm") & (sequences.protocol == "matched_bucket")]
+    if part.empty:
+        raise ValueError("no per-bucket values (protocol 'matched_bucket') in these sequences")
+    values = part.set_index(["label", "seed", "bucket", "eval_len"])["values"]
+    lengths = set(part.eval_len)
+    if not {short, long} <= lengths:
+        raise ValueError(f"short and long must be lengths with bucket values, {sorted(lengths)}; got {short} and {long}")
+    labels = [l for l in dict.fromkeys(part.label) if (part[part.label == l].eval_len == long).any()]
+    seeds, buckets = sorted(part.seed.unique()), list(dict.fromkeys(part.bucket))
+    diff = np.stack([np.stack([np.stack([values[(l, s, b, long)] - values[(l, s, b, short)] for b in buckets]) for s in seeds])
+                     for l in labels])  # (labels, seeds, buckets, sequences)
+    rng = np.random.default_rng(seed)
+    n_seeds, n_items = diff.shape[1], diff.shape[3]
+    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds
+    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
+    boot = np.einsum("bs,lski,bi->blk", seed_w, diff, item_w)
+    point = diff.mean(axis=(1, 3))
+    rows = [{"label": l, "bucket": b, "mean": point[i, k], "lo": np.percentile(boot[:, i, k], 2.5), "hi": np.percentile(boot[:, i, k], 97.5)}
+            for i, l in enumerate(labels) for k, b in enumerate(buckets)]
+    return pd.DataFrame(rows)
