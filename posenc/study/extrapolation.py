@@ -230,6 +230,16 @@ def train_model(model, steps: int, lr: float, warmup: int, batch, world: World, 
 
 # --- evaluation -----------------------------------------------------------------------------------
 
+def _bucket(b: int, width: int) -> str:
+    """The name of bucket b of positions: "64-128" for b = 1 at width 64."""
+    return f"{b * width}-{(b + 1) * width}"
+
+
+def _as_text(values: torch.Tensor) -> str:
+    """Per-sequence losses as the sequences file stores them: space-separated, 4 decimals."""
+    return " ".join(f"{v:.4f}" for v in values.tolist())
+
+
 class Evaluation:
     """The fixed validation sequences and passkey tests of a preset, scored for one model at a time."""
 
@@ -264,14 +274,14 @@ class Evaluation:
                 continue
             for proto, losses in (("matched", matched), ("sliding", sliding)):
                 rows.append({"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": float(losses.mean())})
-                seqs.append({"protocol": proto, "eval_len": n, "values": " ".join(f"{v:.4f}" for v in losses.mean(1).tolist())})
+                seqs.append({"protocol": proto, "eval_len": n, "values": _as_text(losses.mean(1))})
             if buckets and factor in (1, max(p.eval_factors)):
                 by_bucket = matched.reshape(len(matched), -1, L).mean(2)  # (sequences, buckets)
-                seqs += [{"protocol": "matched_bucket", "eval_len": n, "bucket": f"{b * L}-{(b + 1) * L}",
-                          "values": " ".join(f"{v:.4f}" for v in by_bucket[:, b].tolist())} for b in range(by_bucket.shape[1])]
+                seqs += [{"protocol": "matched_bucket", "eval_len": n, "bucket": _bucket(b, L), "values": _as_text(by_bucket[:, b])}
+                         for b in range(by_bucket.shape[1])]
             per_position = matched.mean(0)
             for b in range(len(per_position) // L):
-                rows.append({"protocol": "matched", "eval_len": n, "bucket": f"{b * L}-{(b + 1) * L}", "metric": "loss",
+                rows.append({"protocol": "matched", "eval_len": n, "bucket": _bucket(b, L), "metric": "loss",
                              "value": float(per_position[b * L : (b + 1) * L].mean())})
         return rows, seqs
 

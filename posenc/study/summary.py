@@ -51,6 +51,13 @@ def _cube(sequences: pd.DataFrame, task: str, protocol: str) -> tuple[list[str],
     return labels, [int(s) for s in seeds], [int(n) for n in lengths], cube
 
 
+def _draws(rng: np.random.Generator, n_seeds: int, n_items: int, replicates: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap weights (replicates, seeds) and (replicates, items): how often each seed and each item is drawn, over the draw size."""
+    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds
+    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
+    return seed_w, item_w
+
+
 def bootstrap(sequences: pd.DataFrame, task: str = "lm", protocol: str = "matched", replicates: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per label and length: the mean over seeds and sequences, its interval, the rise from the shortest length, and the rank.
 
@@ -61,8 +68,7 @@ def bootstrap(sequences: pd.DataFrame, task: str = "lm", protocol: str = "matche
     labels, seeds, lengths, cube = _cube(sequences, task, protocol)
     rng = np.random.default_rng(seed)
     n_seeds, n_items = cube.shape[1], cube.shape[3]
-    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds  # (B, S)
-    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items  # (B, N)
+    seed_w, item_w = _draws(rng, n_seeds, n_items, replicates)
     boot = np.einsum("bs,lsni,bi->bln", seed_w, np.nan_to_num(cube), item_w)  # (B, labels, lengths)
     missing = np.isnan(cube).any(axis=(1, 3))  # (labels, lengths)
     boot[:, missing] = np.nan
@@ -94,8 +100,7 @@ def difference(sequences: pd.DataFrame, first: str, second: str, length: int, ta
     rng = np.random.default_rng(seed)
     diff = cube[labels.index(first), :, lengths.index(length)] - cube[labels.index(second), :, lengths.index(length)]  # (S, N)
     n_seeds, n_items = diff.shape
-    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds
-    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
+    seed_w, item_w = _draws(rng, n_seeds, n_items, replicates)
     boot = np.einsum("bs,si,bi->b", seed_w, diff, item_w)
     return float(diff.mean()), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
 
@@ -121,8 +126,7 @@ def bucket_rise(sequences: pd.DataFrame, short: int, long: int, replicates: int 
                      for l in labels])  # (labels, seeds, buckets, sequences)
     rng = np.random.default_rng(seed)
     n_seeds, n_items = diff.shape[1], diff.shape[3]
-    seed_w = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates) / n_seeds
-    item_w = rng.multinomial(n_items, np.full(n_items, 1 / n_items), size=replicates) / n_items
+    seed_w, item_w = _draws(rng, n_seeds, n_items, replicates)
     boot = np.einsum("bs,lski,bi->blk", seed_w, diff, item_w)
     point = diff.mean(axis=(1, 3))
     rows = [{"label": l, "bucket": b, "mean": point[i, k], "lo": np.percentile(boot[:, i, k], 2.5), "hi": np.percentile(boot[:, i, k], 97.5)}
