@@ -49,6 +49,7 @@ class KVCache:
             )
         if self.positions is not None and p.ndim != self.positions.ndim:
             raise ValueError(f"positions must keep one shape per cache: (n,) or (batch, n) throughout, got {tuple(p.shape)} after {tuple(self.positions.shape)}")
+        self.scheme.check_device(k.device)
         c = axis_inputs("coords", p, coords, self.scheme.position_axes, k.shape[2], k.shape[0])
         k = self.scheme.transform_k(k, (p if c is None else c).to(k.device))
         if self.keys is None:

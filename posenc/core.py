@@ -189,6 +189,7 @@ def attention(
     scheme = _NOPE if scheme is None else scheme
     if not isinstance(scheme, Scheme):
         raise TypeError(f"scheme must be a posenc Scheme (see posenc.make_scheme), got {type(scheme).__name__}")
+    scheme.check_device(q.device)
     if return_weights and backend != "explicit":
         raise ValueError(f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights")
     if scheme.needs_weights and backend != "explicit":

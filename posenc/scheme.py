@@ -20,6 +20,12 @@ Every scheme acts at (at most) one of three places, and overrides only that hook
 A bias that reads the queries (Shaw et al.'s relative keys) gives `query_score_mod`
 instead, and one computed from the attention weights (Shaw's relative values) gives
 `value_term`, which only the explicit backend can run (`needs_weights`).
+
+A scheme is an `nn.Module`, and one rule says where its tensors live: its parameters and
+buffers (ALiBi's slopes, RoPE's frequencies, T5's table) sit on the device of the queries
+they act on. `scheme.to(device)`, or `model.to(device)` for a model that holds it, moves them;
+posenc.attention and KVCache check it (`check_device`) and name the scheme, both devices and
+the fix, instead of failing inside torch or copying tables to the device on every call.
 """
 
 from __future__ import annotations
@@ -67,6 +73,15 @@ class Scheme(nn.Module):
             self._buffers[name] = exact.to(device=self._buffers[name].device, dtype=torch.float32)
         self.__dict__.pop("_tables", None)  # tables derived from the buffers follow them
         return self
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise a ValueError where a parameter or buffer of the scheme is not on `device` (the queries')."""
+        for name, t in (*self.named_parameters(), *self.named_buffers()):
+            if t.device != device:
+                raise ValueError(
+                    f"scheme {self.name!r} has its {name} on {t.device}, but the queries are on {device}: "
+                    f"move the scheme to the queries' device with scheme.to(q.device) (or model.to(device))"
+                )
 
     def embed(self, positions) -> torch.Tensor | None:
         """Input hook: vectors of shape positions.shape + (dim,) to add to token embeddings, or None."""

@@ -62,3 +62,15 @@ def test_bad_input_is_named(call, exc, words):
     with pytest.raises(exc) as info:
         call()
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("scheme", [posenc.ALiBi(2), posenc.Rope(8), posenc.make_scheme("t5", num_heads=2), posenc.SlidingWindow(3, inner=posenc.Rope(8))], ids=lambda s: s.name)
+def test_a_scheme_on_another_device_than_the_queries_is_named(scheme):
+    """One rule for every scheme: its tensors sit on the queries' device; the error names the scheme, both devices and the fix."""
+    q = torch.empty(1, 2, 4, 8, device="meta")  # another device than the scheme's CPU tables, without a GPU
+    for call in (lambda: posenc.attention(q, q, q, scheme), lambda: posenc.KVCache(scheme).append(q, q, torch.arange(4))):
+        with pytest.raises(ValueError) as info:
+            call()
+        message = str(info.value)
+        assert f"scheme {scheme.name!r}" in message and "cpu" in message and "meta" in message and "scheme.to(q.device)" in message
+    assert posenc.attention(X, X, X, scheme.to("cpu")).shape == X.shape  # on the queries' device it runs
