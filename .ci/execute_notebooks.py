@@ -8,7 +8,8 @@ and compared by nbval:
     .venv/bin/python .ci/execute_notebooks.py chapters/rope.ipynb
 
 Before running, each notebook's setup cell (tagged `posenc-setup`) is rewritten
-from `_config.yml`, so the repository URL lives in one place. Cells tagged
+from `_config.yml`, so the repository URL lives in one place, and pinned to the commit
+whose package makes the outputs (uncommitted changes under posenc/ are refused). Cells tagged
 `skip-execution` keep the outputs they have (made on a GPU). No per-cell
 timestamps are recorded, so a re-run changes only what really changed.
 """
@@ -16,6 +17,7 @@ timestamps are recorded, so a re-run changes only what really changed.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,13 +29,34 @@ ROOT = Path(__file__).resolve().parents[1]
 SETUP_TAG = "posenc-setup"
 
 
-def setup_source(config_path: Path = ROOT / "_config.yml") -> str:
-    """The setup cell every chapter starts with: install posenc where it is missing (Colab)."""
+def package_commit() -> str:
+    """The commit whose posenc the stored outputs are made with: the last one that changed the package or its results.
+
+    Colab installs posenc at this commit (and posenc.study.results reads chapters/results/ there),
+    so a later push cannot change what a reader runs against the stored prose. Uncommitted changes
+    there would make that a lie: they are refused.
+    """
+    package = ["posenc", "pyproject.toml", "chapters/results"]
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *package], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    if dirty.strip():
+        raise SystemExit(f"commit the package first: the stored outputs must come from a commit Colab can install\n{dirty}")
+    return subprocess.run(["git", "log", "-1", "--format=%H", "--", *package], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def uses_transformers(nb) -> bool:
+    """Whether a chapter cross-checks against transformers (it then needs the pinned release)."""
+    return any(cell.cell_type == "code" and "transformers" in cell.source for cell in nb.cells[2:])
+
+
+def setup_source(commit: str, reference: bool, config_path: Path = ROOT / "_config.yml") -> str:
+    """The setup cell every chapter starts with: install posenc where it is missing (Colab), at `commit`."""
     repo = yaml.safe_load(config_path.read_text())["repository"]
-    spec = f"posenc[reference] @ git+{repo['url']}@{repo.get('branch', 'main')}"
+    extra = "[reference]" if reference else ""
+    spec = f"posenc{extra} @ git+{repo['url']}@{commit}"
+    why = ", with the transformers release its cross-checks were written against" if reference else ""
     return (
-        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository,\n"
-        "# with the transformers release the cross-checks were written against.\n"
+        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository at the commit\n"
+        f"# whose package made the stored outputs{why}.\n"
         "import importlib.util, subprocess, sys\n"
         "\n"
         'if importlib.util.find_spec("posenc") is None:\n'
@@ -48,9 +71,9 @@ def sync_setup_cell(nb, source: str) -> None:
     cells[0].source = source
 
 
-def execute(path: Path, source: str) -> None:
+def execute(path: Path, commit: str) -> None:
     nb = nbformat.read(path, as_version=4)
-    sync_setup_cell(nb, source)
+    sync_setup_cell(nb, setup_source(commit, uses_transformers(nb)))
     for cell in nb.cells:
         if cell.cell_type == "code" and "skip-execution" not in cell.metadata.get("tags", []):
             cell.outputs, cell.execution_count = [], None
@@ -73,10 +96,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     paths = [Path(a) for a in argv] or sorted((ROOT / "chapters").glob("*.ipynb"))
-    source = setup_source()
+    commit = package_commit()
     for path in paths:
         print(f"executing {path}", flush=True)
-        execute(path, source)
+        execute(path, commit)
     return 0
 
 

@@ -8,6 +8,7 @@ stored outputs came from a fresh kernel. These tests check the stored files them
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,17 +101,39 @@ def test_first_cell_is_the_title(notebook):
 
 
 def test_second_cell_is_the_setup_cell_from_config(notebook):
-    """The setup cell is rewritten from _config.yml by the executor: the repository URL has one source."""
+    """The setup cell is rewritten by the executor: the repository URL from _config.yml, the package's commit, the extra where needed."""
     path, nb = notebook
     tagged = [i for i, c in enumerate(nb.cells) if SETUP_TAG in _tags(c)]
     assert tagged == [1], f"{path.name}: cells tagged {SETUP_TAG!r} are {tagged}; it must be exactly the second cell"
     cell = nb.cells[1]
     assert cell.cell_type == "code", f"{path.name}: the {SETUP_TAG} cell must be a code cell"
-    expected = _executor().setup_source()
+    executor = _executor()
+    commit = re.search(r"@([0-9a-f]{40})\b", cell.source)
+    assert commit, f"{path.name}: the setup cell installs no commit of the repository (Colab would run other code than the stored outputs')"
+    expected = executor.setup_source(commit[1], executor.uses_transformers(nb))
     assert cell.source == expected, (
         f"{path.name}: the setup cell differs from setup_source() (_config.yml changed since the outputs were "
         f"stored?); re-run `.venv/bin/python .ci/execute_notebooks.py chapters/{path.name}`"
     )
+
+
+def test_setup_cell_installs_a_commit_of_this_history(notebook):
+    """Colab installs posenc at the commit whose package made the stored outputs: it must be one of HEAD's ancestors."""
+    path, nb = notebook
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    commit = re.search(r"@([0-9a-f]{40})\b", nb.cells[1].source)[1]
+    ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=ROOT, capture_output=True)
+    assert ancestor.returncode == 0, f"{path.name}: the setup cell installs {commit}, which is not a commit of this branch's history"
+
+
+def test_transformers_pin_is_one_version():
+    """posenc.reference names the release the cross-checks need; pyproject's extra and requirements.txt install that one."""
+    from posenc.reference import TRANSFORMERS_VERSION
+
+    pin = f"transformers=={TRANSFORMERS_VERSION}"
+    assert f'reference = ["{pin}"]' in (ROOT / "pyproject.toml").read_text()
+    assert pin in (ROOT / "requirements.txt").read_text().splitlines()
 
 
 def test_no_execution_timestamps(notebook):
