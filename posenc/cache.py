@@ -18,7 +18,7 @@ class KVCache:
     which is exactly what the chunk's queries can see, so memory stays O(W + n) however
     long the stream, and a prefill of any chunk size gives the outputs of one full pass.
     With attention sinks (`SlidingWindow(..., num_sinks=S)`) the entries at positions
-    0..S-1 are kept as well. Each cached key keeps the position it was appended at: under RoPE a
+    0..S-1 are kept as well (in every row that has them, with per-row positions). Each cached key keeps the position it was appended at: under RoPE a
     sink's key stays rotated by its original position, so the distance from a late
     query to a sink grows with the stream (StreamingLLM instead re-numbers positions
     inside the cache; posenc does not).
@@ -66,8 +66,10 @@ class KVCache:
         recent = window - 1 + appended  # what the newest chunk's queries can still see
         if len(self) <= sinks + recent:
             return
-        is_sink = self.positions < sinks  # the sinks are positions, as in the mask: a stream not starting at 0 has none
-        is_sink = (is_sink.all(0) if is_sink.ndim == 2 else is_sink).to(self.keys.device)
+        is_sink = (self.positions >= 0) & (self.positions < sinks)  # positions 0..sinks-1, as in the mask
+        # with per-row positions (left padding) a row's sink sits at its own index: keep a slot any row needs,
+        # the mask hides it from the rows for which it is neither a sink nor in the window
+        is_sink = (is_sink.any(0) if is_sink.ndim == 2 else is_sink).to(self.keys.device)
         is_sink[len(self) - recent :] = False
         keep = torch.cat((is_sink.nonzero().flatten(), torch.arange(len(self) - recent, len(self), device=self.keys.device)))
         self.keys, self.values = self.keys.index_select(2, keep), self.values.index_select(2, keep)

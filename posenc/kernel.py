@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from ._checks import as_positions
 from .positions import Positions, index_grids
 from .scheme import MaskMod, Scheme, ScoreMod
 from .score.masks import and_masks, causal as causal_mod
@@ -138,7 +139,13 @@ def bias_matrix(scheme: Scheme, q_positions, k_positions, num_heads: int | None 
     (batch, heads, q_len, head_dim) and get (batch or 1, heads, q_len, k_len).
     """
     heads = num_heads or getattr(scheme, "num_heads", None) or getattr(getattr(scheme, "inner", None), "num_heads", None) or 1
-    q_pos, k_pos = torch.as_tensor(q_positions), torch.as_tensor(k_positions)
+    q_pos, k_pos = as_positions("q_positions", q_positions, integer=True), as_positions("k_positions", k_positions, integer=True)
+    if q_pos.ndim != 1 or k_pos.ndim != 1:
+        raise ValueError(
+            f"bias_matrix takes 1-D positions, (len(q),) and (len(k),); got q_positions {tuple(q_pos.shape)} and k_positions "
+            f"{tuple(k_pos.shape)}: for per-row positions (batch, L) call it once per row, or posenc.attention with "
+            "backend='explicit' and return_weights=True"
+        )
     device = next(iter([*scheme.parameters(), *scheme.buffers()]), torch.zeros(())).device  # where the scheme's tables live
     like = torch.zeros(1, heads, len(q_pos), 1, device=device) if q is None else q
     positions = Positions.resolve(q_pos, k_pos, len(q_pos), len(k_pos), like.shape[0], like.device)

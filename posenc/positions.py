@@ -55,7 +55,8 @@ def check_coords(name: str, coords, axes: int, length: int, batch: int) -> torch
     """Coordinates on a scheme's position axes: (axes, length) or (axes, batch, length), real numbers allowed."""
     c = as_positions(name, coords, integer=False)
     if c.ndim in (2, 3) and c.shape[0] == axes and c.shape[-1] == length and (c.ndim == 2 or c.shape[1] == batch):
-        return c
+        # shared by a batch of as many rows as axes, (axes, L) would read as per-row positions: pass (axes, batch, L)
+        return c[:, None].expand(axes, batch, length) if c.ndim == 2 and batch == axes else c
     raise ValueError(
         f"{name} must have shape ({axes}, {length}) or ({axes}, batch, {length}) = ({axes}, {batch}, {length}): "
         f"one row of positions per axis of a scheme with position_axes={axes}; got {tuple(c.shape)}"

@@ -61,7 +61,7 @@ def test_axial_rope_tells_rows_from_columns_and_a_raster_does_not():
 
 @pytest.mark.parametrize("layout", posenc.LAYOUTS)
 def test_grid_width_reads_raster_positions_as_rows_and_columns(layout):
-    x = torch.randn(2, 3, 12, 16)
+    x = torch.randn(3, 3, 12, 16)  # a batch of 3: (2, 12) can only be coordinates (test_edges: a batch of 2 is refused)
     coords = grid_positions(3, 4)
     assert coords.tolist() == [[0] * 4 + [1] * 4 + [2] * 4, [0, 1, 2, 3] * 3]
     with_width = posenc.AxialRope(16, layout=layout, grid_width=4)

@@ -100,6 +100,12 @@ class MultiAxisRope(Scheme):
         if isinstance(positions, range):
             positions = torch.arange(positions.start, positions.stop, positions.step)
         p = as_positions("positions", positions, integer=False)
+        if p.ndim == 2 and p.shape[0] == self.position_axes == batch:
+            raise ValueError(
+                f"positions of shape {tuple(p.shape)} are ambiguous for {type(self).__name__} with a batch of {batch}: per-row "
+                f"positions (batch, {length}) or coordinates ({self.position_axes}, {length})? Give coordinates as "
+                f"({self.position_axes}, batch, {length}) (posenc.attention and KVCache pass q_coords and k_coords so)"
+            )
         c = self.from_sequence(p) if p.ndim == 1 else p
         if c.ndim in (2, 3) and c.shape[0] == self.position_axes and c.shape[-1] == length and (c.ndim == 2 or c.shape[1] == batch):
             return c

@@ -310,7 +310,10 @@ class Rope(Scheme):
         """The inverse frequencies used for these positions (they depend on them only for dynamic NTK and LongRoPE)."""
         if not self.follows_length:
             return self.inv_freq
-        seq_len = int(as_positions("positions", positions, integer=False).max()) + 1
+        p = as_positions("positions", positions, integer=False)
+        # the length seen so far; an empty chunk or positions below 0 (left padding) are a length of 1, which grows
+        # nothing and keeps LongRoPE's short factors, as in Hugging Face
+        seq_len = max(int(p.max()) + 1, 1) if p.numel() else 1
         inv_freq, _ = rope_frequencies(self.head_dim, self.base, self.rope_type, self.numerics, seq_len=seq_len, **self.rope_params)
         return inv_freq.to(self.inv_freq.device)
 

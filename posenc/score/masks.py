@@ -25,8 +25,8 @@ def causal(b, h, q_pos, k_pos):
 def sliding_window(window: int, num_sinks: int = 0) -> MaskMod:
     """The causal window of `window` keys, the query itself included: q_pos - window < k_pos <= q_pos.
 
-    With `num_sinks` > 0 the first positions 0..num_sinks-1 stay visible to every later
-    query as well (the attention sinks of StreamingLLM, Xiao et al., 2024). A window of
+    With `num_sinks` > 0 the first positions 0..num_sinks-1 (never a negative one, such as
+    left padding's) stay visible to every later query as well (the attention sinks of StreamingLLM, Xiao et al., 2024). A window of
     W keys includes the query (Hugging Face's convention): window=1 sees only itself.
     """
     positive_int("window", window)
@@ -37,7 +37,7 @@ def sliding_window(window: int, num_sinks: int = 0) -> MaskMod:
         return (k_pos <= q_pos) & (q_pos - k_pos < window)
 
     def sinks_mod(b, h, q_pos, k_pos):
-        return (k_pos <= q_pos) & (k_pos < num_sinks)
+        return (k_pos <= q_pos) & (k_pos >= 0) & (k_pos < num_sinks)
 
     return or_masks(window_mod, sinks_mod) if num_sinks else window_mod
 
