@@ -724,10 +724,17 @@ def uninstall() -> None:
 
 
 def _clear_compiled_caches() -> None:
-    """posenc keeps torch.compile(flex_attention) in an lru_cache: made under the emulation, it must not outlive it (and back)."""
-    core = sys.modules.get("posenc.core")  # made again at its next call, from the flex_attention of the moment
+    """What was compiled or cached under the emulation must not outlive it (and back).
+
+    posenc keeps torch.compile(flex_attention) in an lru_cache and block masks in posenc.kernel's table cache;
+    torch._dynamo keeps the code it compiled. Each is made again at its next use, from the torch of the moment.
+    """
+    core, kernel = sys.modules.get("posenc.core"), sys.modules.get("posenc.kernel")
     if core is not None:
         core.compiled_flex_attention.cache_clear()
+    if kernel is not None:
+        kernel._MASKS.clear()
+    torch._dynamo.reset()
 
 
 @contextlib.contextmanager

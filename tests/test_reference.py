@@ -1,8 +1,10 @@
 """Cross-checks against Hugging Face transformers (pinned), live and from frozen values."""
 
+import math
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 
 import hf_reference as ref
 from hf_reference import HAVE_HF, hf, tensor  # noqa: F401 (hf is a fixture)
@@ -45,9 +47,18 @@ def test_alibi_slopes_equal_bloom(hf, num_heads):
 
 @pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")
 def test_frozen_values_are_those_of_the_pinned_transformers():
+    """The frozen file is what the pinned release computes, to the last bits that another CPU code path changes.
+
+    transformers forms some values with float32 vector code (BLOOM's slopes are float32 powers), whose last bit
+    differs between AVX-512 and AVX2: within 1e-6 relative, the same values.
+    """
     live, frozen = ref.compute(), ref.frozen()
     assert frozen["transformers"] == live["transformers"], "re-freeze: python tests/hf_reference.py"
-    assert frozen == live
+    flat_live, live_shape = pytree.tree_flatten(live)
+    flat_frozen, frozen_shape = pytree.tree_flatten(frozen)
+    assert frozen_shape == live_shape, "re-freeze: python tests/hf_reference.py"
+    for got, want in zip(flat_frozen, flat_live):
+        assert got == want if not isinstance(want, float) else math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12), (got, want)
 
 
 @pytest.mark.skipif(not HAVE_HF, reason="transformers not installed")
