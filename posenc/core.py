@@ -174,7 +174,9 @@ def attention(
     Positions are (len,) or (batch, len) integer tensors; without them keys sit at
     0..k_len-1 and queries at the last q_len of them. `mask` (boolean, True = may
     attend, broadcastable to (batch, heads, q_len, k_len)) is combined with the causal
-    mask and the scheme's own. Input-hook schemes act on embeddings before the
+    mask and the scheme's own. Positions that restart inside a row ([0, 1, 2, 0, 1]) are
+    documents packed in one row, and each sees only itself (posenc.positions says the rule).
+    Input-hook schemes act on embeddings before the
     projections, so here they change nothing. `keys_transformed=True` says k already
     went through the scheme's query/key transform (a KV cache stores rotated keys).
     For a scheme with several position axes (scheme.position_axes > 1), `q_coords` and

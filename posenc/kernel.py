@@ -55,14 +55,18 @@ def index_score_mod(scheme: Scheme, positions: Positions, q: torch.Tensor) -> Sc
 
 
 def index_mask_mod(scheme: Scheme, positions: Positions, causal: bool) -> MaskMod | None:
-    """Causal and the scheme's mask, combined, as FlexAttention's mask_mod(b, h, q_idx, kv_idx); None: every key."""
+    """Causal, the scheme's mask and packed documents, combined, as FlexAttention's mask_mod(b, h, q_idx, kv_idx); None: every key."""
     mods = ([causal_mod] if causal else []) + ([scheme.mask_mod] if scheme.mask_mod is not None else [])
-    if not mods:
+    if not mods and positions.k_doc is None:
         return None
-    mod = and_masks(*mods)
+    mod = and_masks(*mods) if mods else None
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return mod(b, h, positions.q_at(b, q_idx), positions.k_at(b, kv_idx))
+        same = positions.same_document(b, q_idx, kv_idx)
+        if mod is None:
+            return same
+        allowed = mod(b, h, positions.q_at(b, q_idx), positions.k_at(b, kv_idx))
+        return allowed if same is None else allowed & same
 
     return mask_mod
 

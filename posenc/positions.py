@@ -13,6 +13,16 @@ column, or Qwen2-VL's time, height and width ids) also takes *coordinates*,
 the query/key transform; masks and biases keep the 1-D order of the sequence (the
 default layout, or the positions given beside the coordinates), as a causal mask
 follows the order in which tokens arrive, not their place in an image.
+
+*Packed documents.* Positions that start again from 0 inside a row, as in [0, 1, 2, 0, 1],
+mark documents packed one after another: each document sees only its own tokens, and
+within one the masks follow positions as usual (so order in the stream). A row counts as
+packed when every step that does not increase lands on 0; positions in any other order
+(a scrambled or random order, as the chapters use to show relativity) are one document.
+This is Hugging Face's rule for packed position ids, except that a gap (a step of more
+than one, as a rolling cache leaves after evicting) does not start a document. Queries
+must then be the last q_len entries of the keys' stream (a full pass, or a chunk just
+appended to a cache), so that each query's document is known.
 """
 
 from __future__ import annotations
@@ -79,6 +89,19 @@ def axis_inputs(name: str, positions: torch.Tensor | None, coords, axes: int, le
     return None
 
 
+def documents(positions: torch.Tensor) -> torch.Tensor | None:
+    """Document ids of packed sequences, the shape of `positions`: in a row whose every non-increasing step lands on 0, each such step starts a document.
+
+    None where no row is packed (one document per row).
+    """
+    restart = positions[..., 1:] <= positions[..., :-1]
+    packed = ~(restart & (positions[..., 1:] != 0)).any(-1, keepdim=True)  # rows whose every restart is to 0
+    restart = restart & packed
+    if not bool(restart.any()):
+        return None
+    return torch.cat((torch.zeros_like(restart[..., :1]), restart), dim=-1).cumsum(-1)
+
+
 def _is_arange(p: torch.Tensor, start: int) -> bool:
     return p.ndim == 1 and torch.equal(p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype))
 
@@ -97,6 +120,8 @@ class Positions:
     k: torch.Tensor | None = None
     q_coords: torch.Tensor | None = None
     k_coords: torch.Tensor | None = None
+    q_doc: torch.Tensor | None = None  # document ids where the positions restart (packed documents), else None
+    k_doc: torch.Tensor | None = None
 
     @classmethod
     def resolve(
@@ -125,8 +150,9 @@ class Positions:
                 raise ValueError(f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords")
             q_coords = k_coords[..., k_len - q_len :]
         q_coords = axis_inputs("q_coords", q, q_coords, axes, q_len, batch)
+        q_doc, k_doc = _documents(q, k)
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return cls(q_len, k_len, on(q), on(k), on(q_coords), on(k_coords))
+        return cls(q_len, k_len, on(q), on(k), on(q_coords), on(k_coords), on(q_doc), on(k_doc))
 
     @property
     def is_default(self) -> bool:
@@ -166,6 +192,13 @@ class Positions:
             return kv_idx
         return self.k[kv_idx] if self.k.ndim == 1 else self.k[b, kv_idx]
 
+    def same_document(self, b, q_idx, kv_idx):
+        """Whether query q_idx and key kv_idx of sequence b belong to one document; None where nothing is packed."""
+        if self.k_doc is None:
+            return None
+        q_doc = self.q_doc[q_idx] if self.q_doc.ndim == 1 else self.q_doc[b, q_idx]
+        return q_doc == (self.k_doc[kv_idx] if self.k_doc.ndim == 1 else self.k_doc[b, kv_idx])
+
     def distances(self, device) -> torch.Tensor:
         """k_pos - q_pos of every pair (j - i), broadcastable to (batch, heads, q_len, k_len)."""
         b, _, q_idx, kv_idx = index_grids(self.rows, 1, self.q_len, self.k_len, device)
@@ -174,6 +207,21 @@ class Positions:
     def key(self):
         """A cache key for tables derived from these positions, or None where the positions are not the default."""
         return (self.q_len, self.k_len) if self.q is None else None
+
+
+def _documents(q: torch.Tensor | None, k: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Document ids of queries and keys where the keys' positions restart (packed documents), else (None, None)."""
+    k_doc = None if k is None else documents(k)
+    if k_doc is None:
+        return None, None
+    q_len, k_len = q.shape[-1], k.shape[-1]
+    if q_len > k_len or not bool((q == k[..., k_len - q_len :]).all()):
+        raise ValueError(
+            "k_positions start again from 0 (packed documents, each from a 0 on), so q_positions must be the "
+            f"last q_len = {q_len} of k_positions, which gives each query its document; got q_positions {q.tolist()} for "
+            f"k_positions {k.tolist()}. Pass queries and keys of one stream, or unpack the documents"
+        )
+    return k_doc[..., k_len - q_len :], k_doc
 
 
 def index_grids(batch: int, heads: int, q_len: int, k_len: int, device) -> tuple[torch.Tensor, ...]:
