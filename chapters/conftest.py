@@ -4,6 +4,9 @@ trained model's loss) can differ in the last digits between one and two threads;
 `pytest -n 2` from oversubscribing two cores."""
 
 import os
+import tempfile
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# torch.compile's on-disk cache, fresh for each test run (tests/conftest.py says why)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="posenc-inductor-"))
