@@ -9,7 +9,8 @@ and compared by nbval:
 
 Before running, each notebook's setup cell (tagged `posenc-setup`) is rewritten
 from `_config.yml`, so the repository URL lives in one place, and pinned to the commit
-whose package makes the outputs (uncommitted changes under posenc/ are refused). Cells tagged
+whose package makes the outputs (uncommitted changes under posenc/, pyproject.toml or
+chapters/results/ are refused). Cells tagged
 `skip-execution` keep the outputs they have (made on a GPU). No per-cell
 timestamps are recorded, so a re-run changes only what really changed.
 """

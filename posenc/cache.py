@@ -18,8 +18,9 @@ class KVCache:
     which is exactly what the chunk's queries can see, so memory stays O(W + n) however
     long the stream, and a prefill of any chunk size gives the outputs of one full pass.
     With attention sinks (`SlidingWindow(..., num_sinks=S)`) the entries at positions
-    0..S-1 are kept as well (in every row that has them, with per-row positions). Each cached key keeps the position it was appended at: under RoPE a
-    sink's key stays rotated by its original position, so the distance from a late
+    0..S-1 are kept as well (in every row that has them, with per-row positions). Each
+    cached key keeps the position it was appended at: under RoPE a sink's key stays
+    rotated by its original position, so the distance from a late
     query to a sink grows with the stream (StreamingLLM instead re-numbers positions
     inside the cache; posenc does not).
 

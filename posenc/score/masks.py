@@ -26,8 +26,9 @@ def sliding_window(window: int, num_sinks: int = 0) -> MaskMod:
     """The causal window of `window` keys, the query itself included: q_pos - window < k_pos <= q_pos.
 
     With `num_sinks` > 0 the first positions 0..num_sinks-1 (never a negative one, such as
-    left padding's) stay visible to every later query as well (the attention sinks of StreamingLLM, Xiao et al., 2024). A window of
-    W keys includes the query (Hugging Face's convention): window=1 sees only itself.
+    left padding's) stay visible to every later query as well (the attention sinks of
+    StreamingLLM, Xiao et al., 2024). A window of W keys includes the query (Hugging Face's
+    convention): window=1 sees only itself.
     """
     positive_int("window", window)
     if non_negative_int("num_sinks", num_sinks) > window:
