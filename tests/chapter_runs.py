@@ -25,7 +25,6 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
 
 
 @dataclass(frozen=True)
@@ -102,11 +101,11 @@ def main(argv: list[str]) -> int:
     configs = [Config(seed_offset=s) for s in args.seed_offsets]
     configs += [Config(emulated=True)] if args.emulated else []
     configs += [Config(capability=c) for c in args.capability] + [Config(threads=t) for t in args.threads]
+    epilogue = args.epilogue.read_text() if args.epilogue else None
     outputs = {}
     for config in configs:
         print(f"running {args.chapter.name} on {config.name()}", file=sys.stderr, flush=True)
         try:
-            epilogue = args.epilogue.read_text() if args.epilogue else None
             nb = run_chapter(args.chapter, config, epilogue=epilogue, keep_going=args.keep_going)
             failed = None
         except CellExecutionError as error:
@@ -114,19 +113,16 @@ def main(argv: list[str]) -> int:
         outputs[config.name()] = {"failed": failed, "cells": [] if nb is None else [_texts(c) if c.cell_type == "code" else "" for c in nb.cells]}
     if args.json:
         args.json.write_text(json.dumps(outputs, indent=1))
-    names = list(outputs)
-    for name in names:
-        if outputs[name]["failed"]:
-            print(f"FAILED on {name}: {outputs[name]['failed']}")
-    runs = [outputs[n]["cells"] for n in names if not outputs[n]["failed"]]
-    ok = [n for n in names if not outputs[n]["failed"]]
-    for index in range(min(map(len, runs), default=0)):
-        seen = [run[index] for run in runs]
-        if len(set(seen)) > 1:
+    failed = {name: run["failed"] for name, run in outputs.items() if run["failed"]}
+    for name, error in failed.items():
+        print(f"FAILED on {name}: {error}")
+    ran = {name: run["cells"] for name, run in outputs.items() if name not in failed}
+    for index in range(min(map(len, ran.values()), default=0)):
+        if len({cells[index] for cells in ran.values()}) > 1:
             print(f"\n=== cell {index} differs")
-            for name, text in zip(ok, seen):
-                print(f"--- {name}\n{text.rstrip()}")
-    return 1 if any(outputs[n]["failed"] for n in names) else 0
+            for name, cells in ran.items():
+                print(f"--- {name}\n{cells[index].rstrip()}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -39,9 +39,8 @@ def test_chapter_runs_on_the_emulated_cuda_device(path, tmp_path):
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_matches_its_stored_outputs_on_another_cpu_code_path(path, tmp_path):
-    # what is compiled on another code path goes to a cache of its own, never reused by this process (two full runs
-    # under ATEN_CPU_CAPABILITY=avx2 with one shared cache saw compiled FlexAttention give wrong numbers in
-    # test_kernel; in isolation it did not reproduce)
+    # what is compiled on another code path goes to a cache of its own, never shared with this process's (a cache
+    # that earlier runs on several code paths had filled made compiled FlexAttention give wrong numbers; conftest.py)
     env = {**os.environ, "ATEN_CPU_CAPABILITY": other_capability(), "OMP_NUM_THREADS": "2", "PYTHONHASHSEED": "0",
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run(
