@@ -165,3 +165,36 @@ def test_figures_fit_the_column(notebook):
             if png:
                 width, height = struct.unpack(">II", base64.b64decode(png)[16:24])
                 assert width <= COLUMN_PX, f"{path.name}, cell {index}: a figure {width} px wide (the column holds {COLUMN_PX}): use posenc.plotting.figure"
+
+
+def _exercise_section(nb) -> tuple[str, list]:
+    """The prose of the chapter's "Exercises" section and its code cells, up to the next heading of the same or a higher level."""
+    heading = re.compile(r"^(#+) (?:\d+\. )?Exercises\b", re.M)
+    start = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and heading.search(c.source)), None)
+    if start is None:
+        return "", []
+    found = heading.search(nb.cells[start].source)
+    level = len(found.group(1))
+    text, cells = [nb.cells[start].source[found.start():]], []
+    for cell in nb.cells[start + 1 :]:
+        if cell.cell_type == "markdown" and re.search(rf"^#{{1,{level}}} ", cell.source, re.M):
+            break
+        (text.append(cell.source) if cell.cell_type == "markdown" else cells.append(cell))
+    return "\n".join(text), cells
+
+
+def test_exercises_teach_and_their_solutions_stay_folded(notebook):
+    """Two or three exercises; every solution cell is folded whole (code and output), so its printed answer shows only when asked."""
+    path, nb = notebook
+    text, solutions = _exercise_section(nb)
+    if path.stem in ("extrapolation", "positions_beyond_a_sequence") and not text:
+        pytest.skip(f"{path.name} has no exercises yet")
+    assert text, f"{path.name} has no Exercises section"
+    questions = len(re.findall(r"\*\*(?:Exercise )?\d\.\*\*|^\d\. ", text, re.M))
+    assert 2 <= questions <= 3, f"{path.name}: {questions} exercises, want two or three"
+    assert solutions, f"{path.name}: exercises without solution cells"
+    for cell in solutions:
+        assert "hide-cell" in _tags(cell) and "hide-input" not in _tags(cell), (
+            f"{path.name}: solution cell {cell.source[:60]!r} must be tagged hide-cell (its output is the answer), has {sorted(_tags(cell))}"
+        )
+        assert "assert" in cell.source, f"{path.name}: solution cell {cell.source[:60]!r} does not assert its answer"
