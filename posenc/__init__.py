@@ -18,7 +18,7 @@ from .input import LearnedAbsolute, RecurrentAbsolute, Sinusoidal, sinusoidal_en
 from .model import TinyTransformer, build_scheme, train
 from .qk import LAYOUTS, ROPE_TYPES, AxialRope, MRope, Rope, XPos, apply_rope, rope_frequencies
 from .scheme import HOOKS, SCHEMES, NoPE, Scheme, make_scheme, register
-from .score import ALiBi, ShawRelative, SlidingWindow, T5Bias, alibi_slopes, t5_relative_bucket
+from .score import ALiBi, Masked, ShawRelative, SlidingWindow, T5Bias, alibi_slopes, t5_relative_bucket
 
 __version__ = "0.2.0"
 
@@ -31,6 +31,7 @@ __all__ = [
     "LAYOUTS",
     "LearnedAbsolute",
     "MRope",
+    "Masked",
     "NoPE",
     "ROPE_TYPES",
     "RecurrentAbsolute",

@@ -52,6 +52,16 @@ def _check_mask(mask, q_len: int, k_len: int) -> None:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, {q_len}, {k_len})") from None
 
 
+def _check_scheme_mask(scheme: Scheme, causal: bool, batch: int) -> None:
+    if scheme.sees_later_keys and causal:
+        raise ValueError(
+            f"scheme {scheme.name!r} has a mask that lets queries see later keys ({scheme.mask_key()[0]}), which causal=True would "
+            "remove: pass causal=False (the mask is causal itself where it should be)"
+        )
+    if scheme.mask_rows is not None and scheme.mask_rows != batch:
+        raise ValueError(f"scheme {scheme.name!r} has a mask for a batch of {scheme.mask_rows} sequences, but q has batch {batch}")
+
+
 def _allowed(scheme, positions, causal, mask, device) -> torch.Tensor | None:
     allowed = mask_table(scheme, positions, causal, device)
     if mask is not None:
@@ -174,8 +184,8 @@ def attention(
     Positions are (len,) or (batch, len) integer tensors; without them keys sit at
     0..k_len-1 and queries at the last q_len of them. `mask` (boolean, True = may
     attend, broadcastable to (batch, heads, q_len, k_len)) is combined with the causal
-    mask and the scheme's own. Positions that restart inside a row ([0, 1, 2, 0, 1]) are
-    documents packed in one row, and each sees only itself (posenc.positions says the rule).
+    mask and the scheme's own. Positions that start again from 0 inside a row ([0, 1, 2, 0, 1])
+    mark documents packed in one row, and each sees only itself (posenc.positions says the rule).
     Input-hook schemes act on embeddings before the
     projections, so here they change nothing. `keys_transformed=True` says k already
     went through the scheme's query/key transform (a KV cache stores rotated keys).
@@ -183,7 +193,8 @@ def attention(
     `k_coords` ((axes, len) or (axes, batch, len): rows and columns of image patches,
     Qwen2-VL's time, height and width ids) go to its query/key transform, while the
     mask and any bias follow the 1-D positions (by default the order of the sequence);
-    without k_coords, queries take the last q_len of them.
+    without k_coords, queries take the last q_len of them. A scheme whose mask lets a
+    query see later keys (posenc.score.masks.prefix_lm, causal_with_blocks) needs causal=False.
     Returns the output, or (output, weights) with `return_weights=True` (explicit only).
     """
     _check_qkv(q, k, v)
@@ -201,6 +212,7 @@ def attention(
         )
     q_len, k_len = q.shape[2], k.shape[2]
     _check_mask(mask, q_len, k_len)
+    _check_scheme_mask(scheme, causal, q.shape[0])
     positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed)
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
 

@@ -71,6 +71,11 @@ def index_mask_mod(scheme: Scheme, positions: Positions, causal: bool) -> MaskMo
     return mask_mod
 
 
+def mask_rows(scheme: Scheme, positions: Positions) -> int:
+    """How many sequences the mask tells apart: the batch where positions or the scheme's mask differ per row, else 1."""
+    return max(positions.rows, scheme.mask_rows or 1)
+
+
 def _mask_key(scheme: Scheme, positions: Positions, causal: bool, device) -> tuple | None:
     layout = positions.key()
     return None if layout is None else (causal, scheme.mask_key(), layout, torch.device(device))
@@ -101,8 +106,9 @@ def mask_table(scheme: Scheme, positions: Positions, causal: bool, device) -> to
         mod = index_mask_mod(scheme, positions, causal)
         if mod is None:
             return None
-        b, h, q_idx, kv_idx = index_grids(positions.rows, 1, positions.q_len, positions.k_len, device)
-        return mod(b, h, q_idx, kv_idx).expand(positions.rows, 1, positions.q_len, positions.k_len)
+        rows = mask_rows(scheme, positions)
+        b, h, q_idx, kv_idx = index_grids(rows, 1, positions.q_len, positions.k_len, device)
+        return mod(b, h, q_idx, kv_idx).expand(rows, 1, positions.q_len, positions.k_len)
 
     key = _mask_key(scheme, positions, causal, device)
     return evaluate() if key is None else kept(("dense",) + key, evaluate)
@@ -128,7 +134,7 @@ def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tens
         return create_block_mask(with_given, batch, q.shape[1], q_len, k_len, device=q.device.type)
     if mod is None:
         return None
-    rows = batch if positions.per_row else None
+    rows = batch if mask_rows(scheme, positions) > 1 else None
     key = _mask_key(scheme, positions, causal, q.device)
     build = lambda: create_block_mask(mod, rows, None, q_len, k_len, device=q.device.type)  # noqa: E731
     return build() if key is None else kept(("block",) + key, build)

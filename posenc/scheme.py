@@ -55,6 +55,8 @@ class Scheme(nn.Module):
     per_layer = False  # True where each layer of a model needs its own instance (learned per-layer tables)
     window: int | None = None  # keys a query sees, itself included, where the scheme masks a window
     num_sinks = 0  # first positions every query also sees (attention sinks)
+    sees_later_keys = False  # True where the mask lets a query see a later key (prefix LM): it runs with causal=False
+    mask_rows: int | None = None  # batch size of a mask that differs between sequences, else None
     position_axes = 1  # axes of position its query/key transform reads: 2 for (row, col), 3 for (time, height, width)
 
     def register_float32_buffer(self, name: str, value: torch.Tensor) -> None:

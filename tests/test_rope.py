@@ -189,3 +189,30 @@ def test_decay_bound_bounds_the_logit():
     for r in [0, 1, 5, 40, 300, 2000]:
         logit = qk_rope.apply_rope_complex(q, [r], inv_freq) @ k.T
         assert abs(logit.item()) <= step * qk_rope.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9
+
+
+def test_decoding_builds_a_table_only_when_the_length_doubles():
+    """A query at n - 1 after keys 0..n-1 slices a table grown in powers of two: O(1) rows a token, bit-identical slices."""
+    import unittest.mock
+
+    import posenc.qk.rope as rope_module
+
+    rows, real = [], rope_module.rope_cos_sin
+
+    def counting(positions, *args, **kwargs):
+        rows.append(torch.as_tensor(positions).numel())
+        return real(positions, *args, **kwargs)
+
+    rope, n = posenc.Rope(16), 100
+    q, k, v = torch.randn(3, 1, 2, n, 16).unbind(0)
+    with unittest.mock.patch.object(rope_module, "rope_cos_sin", counting):
+        cache, outs = posenc.KVCache(rope), []
+        for t in range(n):
+            outs.append(cache.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], [t]))
+    assert sum(rows) == n + (1 + 2 + 4 + 8 + 16 + 32 + 64 + 128)  # the keys, one row each; the query's tables by doubling
+    torch.testing.assert_close(torch.cat(outs, dim=2), posenc.attention(q, k, v, rope))
+    for start, stop in ((0, 5), (3, 7), (6, 7), (0, 0)):
+        like = q[:, :, : stop - start]
+        sliced = rope.cos_sin(range(start, stop), like)
+        direct = rope.cos_sin(torch.arange(start, stop), like)
+        assert all(torch.equal(a, b) for a, b in zip(sliced, direct))

@@ -318,17 +318,23 @@ class Rope(Scheme):
         return inv_freq.to(self.inv_freq.device)
 
     def cos_sin(self, positions, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for these positions in like's dtype: sliced from the cached table when positions is a range from 0 up."""
+        """cos and sin for these positions in like's dtype: sliced from a cached table when positions is a range.
+
+        Frequencies that do not follow the length share one table per power of two, so
+        decoding token by token builds a new one only when the length doubles (each entry
+        is formed elementwise: a slice of a longer table is bit-identical). Dynamic NTK and
+        LongRoPE take the frequencies of the range's length, one table per length.
+        """
         same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
         if isinstance(positions, range) and positions.step == 1:
-            stop = positions.stop
+            stop = positions.stop if self.follows_length else 1 << max(positions.stop - 1, 0).bit_length()
 
             def table():
                 with torch.no_grad():
                     return rope_cos_sin(torch.arange(stop), self.frequencies_for(range(stop)), like, self.attention_factor)
 
             cos, sin = self.cached(("cos_sin", stop, like.device, like.dtype), table)
-            return cos[positions.start :], sin[positions.start :]
+            return cos[positions.start : positions.stop], sin[positions.start : positions.stop]
         p = as_positions("positions", positions, integer=False)
         return rope_cos_sin(_broadcastable(p, like), self.frequencies_for(p), like, self.attention_factor)
 

@@ -1,15 +1,31 @@
-"""Masks as FlexAttention mask_mods over positions, and the sliding-window scheme.
+"""Masks as FlexAttention mask_mods over positions, and the schemes that carry them.
 
 A mask_mod(b, h, q_pos, k_pos) says whether the query at q_pos may attend to the key
 at k_pos (True: it may). Each mask is written once, for one pair; `and_masks` and
 `or_masks` combine them, as attention-gym does; `mask_matrix` evaluates one on a grid
 of positions (the dense boolean mask the explicit and sdpa backends use), and
 posenc.attention turns the same function into FlexAttention's block mask.
+
+The masks models ship, each a `Mask` (a mask_mod with what identifies it):
+
+* `sliding_window(W)`: the causal window of W keys (Mistral, Gemma's local layers), with sinks;
+* `chunked(C)`: the sequence cut into chunks of C positions, each seeing only itself
+  (Llama 4's local layers; causal inside a chunk under posenc.attention's causal mask);
+* `bidirectional_window(R)`: the keys within R positions on either side (Longformer's
+  and ModernBERT's local attention, for encoders: run with causal=False);
+* `prefix_lm(P)`: the first P positions see each other both ways, the rest is causal
+  (PaliGemma's image and prompt, T5-style prefix LMs);
+* `causal_with_blocks(ids)`: causal, and tokens of one block see each other both ways
+  (Gemma 3's image tokens).
+
+The last two let a query see later keys, so the causal mask must not be ANDed over them:
+`Masked` says so (`sees_later_keys`) and posenc.attention asks for causal=False.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,7 +38,25 @@ def causal(b, h, q_pos, k_pos):
     return k_pos <= q_pos
 
 
-def sliding_window(window: int, num_sinks: int = 0) -> MaskMod:
+@dataclass(frozen=True, eq=False)
+class Mask:
+    """A mask_mod over positions, with the key that identifies it (block masks and dense masks are cached by it).
+
+    `sees_later_keys`: the mask lets some query see a key after it, so it states
+    causality itself and is not combined with the causal mask. `rows`: the batch size of
+    a mask that differs between sequences (per-row block ids), else None.
+    """
+
+    mod: MaskMod
+    key: Hashable
+    sees_later_keys: bool = False
+    rows: int | None = None
+
+    def __call__(self, b, h, q_pos, k_pos):
+        return self.mod(b, h, q_pos, k_pos)
+
+
+def sliding_window(window: int, num_sinks: int = 0) -> Mask:
     """The causal window of `window` keys, the query itself included: q_pos - window < k_pos <= q_pos.
 
     With `num_sinks` > 0 the first positions 0..num_sinks-1 (never a negative one, such as
@@ -40,7 +74,79 @@ def sliding_window(window: int, num_sinks: int = 0) -> MaskMod:
     def sinks_mod(b, h, q_pos, k_pos):
         return (k_pos <= q_pos) & (k_pos >= 0) & (k_pos < num_sinks)
 
-    return or_masks(window_mod, sinks_mod) if num_sinks else window_mod
+    return Mask(or_masks(window_mod, sinks_mod) if num_sinks else window_mod, ("sliding_window", window, num_sinks))
+
+
+def chunked(chunk_size: int) -> Mask:
+    """Chunks of `chunk_size` positions, each seeing only itself: q_pos // chunk_size == k_pos // chunk_size.
+
+    Chunks start at position 0, so left padding (negative positions) falls in chunks of
+    its own. Under a causal mask this is Llama 4's chunked attention (attention_chunk_size).
+    """
+    positive_int("chunk_size", chunk_size)
+
+    def same_chunk(b, h, q_pos, k_pos):
+        return torch.div(q_pos, chunk_size, rounding_mode="floor") == torch.div(k_pos, chunk_size, rounding_mode="floor")
+
+    return Mask(same_chunk, ("chunked", chunk_size))
+
+
+def bidirectional_window(radius: int) -> Mask:
+    """The keys at most `radius` positions away on either side: |q_pos - k_pos| <= radius (2 radius + 1 keys).
+
+    Hugging Face's bidirectional sliding window (`sliding_window` = radius); ModernBERT's
+    local_attention = 128 is radius 64. For an encoder (causal=False); under a causal mask
+    it is the causal window of radius + 1 keys.
+    """
+    non_negative_int("radius", radius)
+
+    def near(b, h, q_pos, k_pos):
+        return (q_pos - k_pos).abs() <= radius
+
+    return Mask(near, ("bidirectional_window", radius))
+
+
+def prefix_lm(prefix_len: int) -> Mask:
+    """Positions 0..prefix_len-1 see each other both ways; every later query sees them and is causal after them.
+
+    The prefix LM of T5 (Raffel et al., 2020) and PaliGemma (image and prompt
+    bidirectional, the answer causal). Run with causal=False: the mask is causal itself.
+    """
+    positive_int("prefix_len", prefix_len)
+
+    def prefix_or_causal(b, h, q_pos, k_pos):
+        return (k_pos <= q_pos) | ((k_pos >= 0) & (k_pos < prefix_len) & (q_pos >= 0))
+
+    return Mask(prefix_or_causal, ("prefix_lm", prefix_len), sees_later_keys=True)
+
+
+def causal_with_blocks(block_ids) -> Mask:
+    """Causal, and the tokens of one block see each other both ways (Gemma 3's image tokens).
+
+    `block_ids` gives each position its block: (n,) shared by the batch, or (batch, n),
+    indexed by position (0..n-1); -1, or a position outside 0..n-1, is in no block.
+    Hugging Face's `or_masks(causal, blockwise_overlay(block_sequence_ids))`, whose ids
+    are per index: in the default layout a position is its index. Run with causal=False.
+    """
+    ids = as_positions("block_ids", block_ids, integer=True)
+    if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
+        raise ValueError(f"block_ids must have shape (n,) or (batch, n) with n >= 1, got {tuple(ids.shape)}")
+    if bool((ids < -1).any()):
+        raise ValueError(f"block_ids must be -1 (no block) or a block number >= 0, got {sorted(set(ids[ids < -1].tolist()))}")
+    last = ids.shape[-1] - 1
+
+    def block_of(b, pos):
+        inside = (pos >= 0) & (pos <= last)
+        at = ids.to(pos.device)
+        at = at[pos.clamp(0, last)] if at.ndim == 1 else at[b, pos.clamp(0, last)]
+        return torch.where(inside, at, -1)
+
+    def causal_or_same_block(b, h, q_pos, k_pos):
+        q_block = block_of(b, q_pos)
+        return (k_pos <= q_pos) | ((q_block == block_of(b, k_pos)) & (q_block >= 0))
+
+    key = ("causal_with_blocks", tuple(ids.shape), tuple(ids.flatten().tolist()))
+    return Mask(causal_or_same_block, key, sees_later_keys=True, rows=ids.shape[0] if ids.ndim == 2 else None)
 
 
 def and_masks(*mods: MaskMod) -> MaskMod:
@@ -81,35 +187,36 @@ def mask_matrix(mask_mod: MaskMod, q_positions, k_positions) -> torch.Tensor:
     return torch.as_tensor(mask_mod(zero, zero, q[:, None], k[None, :])).expand(len(q), len(k))
 
 
-@register
-class SlidingWindow(Scheme):
-    """Each query sees only the last `window` keys, itself included (i - W < j <= i), around an inner scheme.
+class Masked(Scheme):
+    """An inner scheme (NoPE by default) with a mask over positions: `Masked(chunked(8192), Rope(128))` is Llama 4's local layer.
 
-    The window is a mask on the scores; the inner scheme (NoPE, RoPE, ALiBi, ...)
-    keeps its own hook, so `SlidingWindow(4096, Rope(128))` is Mistral-style attention.
-    `num_sinks` keeps the first positions visible to every query (StreamingLLM).
+    The mask is one of this module's `Mask`s; the inner scheme keeps its own hook. A
+    mask that lets queries see later keys (prefix_lm, causal_with_blocks) runs with
+    causal=False, and posenc.attention refuses causal=True for it.
     """
 
-    name = "sliding_window"
+    name = "masked"
     hook = "score"
 
-    def __init__(self, window: int, inner: Scheme | None = None, num_sinks: int = 0):
+    def __init__(self, mask: Mask, inner: Scheme | None = None):
         super().__init__()
-        self._window_mod = sliding_window(window, num_sinks)  # checks window and num_sinks
-        self.window, self.num_sinks = window, num_sinks
+        if not isinstance(mask, Mask):
+            raise TypeError(f"mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, prefix_lm, causal_with_blocks), got {type(mask).__name__}")
         if inner is not None and not isinstance(inner, Scheme):
             raise TypeError(f"inner must be a posenc Scheme or None, got {type(inner).__name__}")
-        if isinstance(inner, SlidingWindow):
-            raise ValueError("inner must not be another SlidingWindow: give one window")
+        if isinstance(inner, Masked):
+            raise ValueError(f"inner must not be another masked scheme ({inner.name}): combine the masks into one")
+        self.mask = mask
+        self.sees_later_keys, self.mask_rows = mask.sees_later_keys, mask.rows
         self.inner = NoPE() if inner is None else inner
         self.needs_weights, self.bias_is_constant, self.per_layer = self.inner.needs_weights, self.inner.bias_is_constant, self.inner.per_layer
         self.position_axes = self.inner.position_axes
 
     def mask_mod(self, b, h, q_pos, k_pos):
-        return self._window_mod(b, h, q_pos, k_pos)
+        return self.mask(b, h, q_pos, k_pos)
 
     def mask_key(self) -> Hashable:
-        return ("sliding_window", self.window, self.num_sinks)
+        return self.mask.key
 
     @property
     def score_mod(self):
@@ -129,6 +236,25 @@ class SlidingWindow(Scheme):
 
     def value_term(self, weights, positions):
         return self.inner.value_term(weights, positions)
+
+    def extra_repr(self) -> str:
+        return f"mask={self.mask.key[0]}"
+
+
+@register
+class SlidingWindow(Masked):
+    """Each query sees only the last `window` keys, itself included (i - W < j <= i), around an inner scheme.
+
+    The window is a mask on the scores; the inner scheme (NoPE, RoPE, ALiBi, ...)
+    keeps its own hook, so `SlidingWindow(4096, Rope(128))` is Mistral-style attention.
+    `num_sinks` keeps the first positions visible to every query (StreamingLLM).
+    """
+
+    name = "sliding_window"
+
+    def __init__(self, window: int, inner: Scheme | None = None, num_sinks: int = 0):
+        super().__init__(sliding_window(window, num_sinks), inner)  # checks window and num_sinks
+        self.window, self.num_sinks = window, num_sinks
 
     def extra_repr(self) -> str:
         return f"window={self.window}" + (f", num_sinks={self.num_sinks}" if self.num_sinks else "")
