@@ -213,3 +213,62 @@ def test_chunked_prefill_in_any_chunks_with_padding_equals_the_full_pass(chunk_s
     for row in range(2):
         alone = posenc.attention(q[row : row + 1], k[row : row + 1], v[row : row + 1], scheme, mask=real[row : row + 1], q_positions=positions[row], k_positions=positions[row])
         torch.testing.assert_close(alone, full[row : row + 1])
+
+
+SCHEMES_FOR_PROPERTIES = {
+    "nope": lambda: None,
+    "rope": lambda: posenc.Rope(8),
+    "alibi": lambda: posenc.ALiBi(2),
+    "t5": lambda: posenc.T5Bias(2, num_buckets=8, max_distance=16),
+    "window_sinks_rope": lambda: posenc.SlidingWindow(3, posenc.Rope(8), num_sinks=1),
+    "chunked_alibi": lambda: Masked(chunked(3), posenc.ALiBi(2)),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    scheme=st.sampled_from(list(SCHEMES_FOR_PROPERTIES)),
+    documents=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=3), min_size=2, max_size=2),
+    left_padding=st.lists(st.integers(0, 3), min_size=2, max_size=2),
+    cuts=st.lists(st.integers(1, 4), min_size=1, max_size=12),
+)
+def test_packed_padded_rows_prefilled_in_any_chunks_equal_one_pass_and_each_row_alone(scheme, documents, left_padding, cuts):
+    """Two rows, each left-padded and packed with its own documents, prefilled through KVCache in random chunks."""
+    total = max(pad + sum(lengths) for lengths, pad in zip(documents, left_padding))
+    positions = torch.stack([  # each row: its padding (negative positions), then its documents, each from 0
+        torch.cat([torch.arange(-(total - sum(lengths)), 0)] + [torch.arange(n) for n in lengths]) for lengths in documents
+    ])
+    real = (positions >= 0)[:, None, None, :]
+    made = SCHEMES_FOR_PROPERTIES[scheme]()
+    q, k, v = torch.randn(3, 2, 2, total, 8).unbind(0)
+    full = posenc.attention(q, k, v, made, mask=real, q_positions=positions, k_positions=positions)
+    cache, outs, start = posenc.KVCache(made), [], 0
+    for size in cuts + [total]:
+        if start >= total:
+            break
+        sl = slice(start, min(start + size, total))
+        cache.append(k[:, :, sl], v[:, :, sl], positions[:, sl])
+        outs.append(cache.attend(q[:, :, sl], positions[:, sl], mask=(cache.positions >= 0)[:, None, None, :]))
+        start = sl.stop
+    seen = positions >= 0  # padded queries see nothing: zeros either way
+    torch.testing.assert_close(torch.cat(outs, dim=2).transpose(1, 2)[seen], full.transpose(1, 2)[seen])
+    for row in range(2):
+        alone = posenc.attention(q[row : row + 1], k[row : row + 1], v[row : row + 1], made, mask=real[row : row + 1], q_positions=positions[row], k_positions=positions[row])
+        torch.testing.assert_close(alone, full[row : row + 1])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    factory=st.sampled_from(["chunked", "bidirectional_window", "prefix_lm", "sliding_window"]),
+    value=st.one_of(st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=2), st.none(), st.booleans(), st.just(torch.tensor(2))),
+)
+def test_bad_mask_arguments_get_a_named_error(factory, value):
+    """Any argument either builds a mask or raises ValueError/TypeError naming the parameter, never a torch error."""
+    names = {"chunked": "chunk_size", "bidirectional_window": "radius", "prefix_lm": "prefix_len", "sliding_window": "window"}
+    make = {"chunked": chunked, "bidirectional_window": bidirectional_window, "prefix_lm": prefix_lm, "sliding_window": posenc.score.masks.sliding_window}[factory]
+    try:
+        mask = make(value)
+    except (ValueError, TypeError) as exc:
+        assert names[factory] in str(exc)
+        return
+    assert mask_matrix(mask, torch.arange(4), torch.arange(4)).dtype == torch.bool

@@ -84,7 +84,7 @@ def test_receptive_field_grows_by_w_minus_one_per_layer():
     (lambda: sliding_window(0), "window must be a positive integer"),
     (lambda: posenc.SlidingWindow(0), "window must be a positive integer"),
     (lambda: posenc.SlidingWindow(3, "rope"), "inner must be a posenc Scheme or None"),
-    (lambda: posenc.SlidingWindow(3, posenc.SlidingWindow(2)), "inner must not be another SlidingWindow"),
+    (lambda: posenc.SlidingWindow(3, posenc.SlidingWindow(2)), "inner must not be another masked scheme"),
     (lambda: posenc.KVCache("rope"), "scheme must be a posenc Scheme or None"),
     (lambda: posenc.KVCache().attend(torch.zeros(1, 1, 1, 4), [0]), "the cache is empty"),
 ])
