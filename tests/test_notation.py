@@ -51,3 +51,13 @@ def test_chapter_follows_the_notation(chapter):
     text = prose(chapter)
     found = [(m.group(0), use) for pattern, use in RULES for m in re.finditer(pattern, text)]
     assert not found, f"{chapter.name}: " + "; ".join(f"{got!r}, write {use}" for got, use in found)
+
+
+def test_the_landing_page_names_every_registered_scheme():
+    """book/intro.md lists posenc.SCHEMES by name: a scheme registered later must appear there too."""
+    import posenc
+
+    page = (ROOT / "book" / "intro.md").read_text()
+    listed = re.search(r"The registry names \(`posenc.SCHEMES`: (.*?)\)", page, re.S)
+    assert listed, "book/intro.md no longer lists the registry names"
+    assert set(re.findall(r"`(\w+)`", listed.group(1))) == set(posenc.SCHEMES)
