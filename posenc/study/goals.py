@@ -44,12 +44,15 @@ def _ratio(row: dict, base: dict | None) -> float | None:
     return None if base is None else row["median_ms"] / base["median_ms"]
 
 
-def goals(rows: list[dict], fractions: dict | None = None, device: str | None = None) -> list[dict]:
+def goals(rows: list[dict], fractions: dict | None = None, device: str | None = None, from_length: int = GOAL_LENGTH) -> list[dict]:
     """Each goal judged on `rows`: dicts with keys goal, device, scheme, path, pass, dtype, seq_len, value, bound, met, reason.
 
     `device` is "cpu" or "cuda"; None takes it from the rows' "device" column (runs stored before
     that column existed are CPU runs). `fractions` are the run's block fractions (its metadata).
+    `from_length` is where the time goals start (4096; the tests judge tiny runs from their lengths).
     """
+    if not isinstance(from_length, int) or from_length < 1:
+        raise ValueError(f"from_length must be a positive int; got {from_length!r}")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise TypeError("rows must be a list of dicts (run()'s rows, or read_rows of a stored CSV)")
     if device is None:
@@ -82,7 +85,7 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
     ordered = sorted(by_key.items(), key=lambda kv: (kv[0][4], kv[0][2], kv[0][0], kv[0][1], kv[0][3]))
     for (scheme, path, pass_, dt, length, batch), row in ordered:
         base = by_key.get((*BASELINE, pass_, dt, length, batch))
-        if device == "cpu" and path == "flex" and scheme in CPU_FLEX_TIME and length >= GOAL_LENGTH:
+        if device == "cpu" and path == "flex" and scheme in CPU_FLEX_TIME and length >= from_length:
             why = need(row, base)
             plain = by_key.get(("nope", "flex", pass_, dt, length, batch))
             judge(f"{scheme} through compiled flex, time / causal SDPA", row, None if why else _ratio(row, base), "<=", CPU_FLEX_TIME[scheme], reason=why,
@@ -93,7 +96,7 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
             if hf is not None:
                 why = need(row, hf, "Hugging Face's eager RoPE")
                 judge(f"RoPE {path} / Hugging Face eager ({dt})", row, None if why else row["median_ms"] / hf["median_ms"], "<=", CPU_ROPE[path], reason=why)
-        if device == "cuda" and path == "flex" and length >= GOAL_LENGTH:
+        if device == "cuda" and path == "flex" and length >= from_length:
             if scheme in GPU_FLEX_SCHEMES:
                 why = need(row, base)
                 ratio = None if why else _ratio(row, base)
@@ -107,7 +110,7 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
                 work = None if why else frac["sliding_window"] / frac["causal"]
                 judge(f"window through compiled flex, time / (blocks computed x causal time) ({pass_})", row,
                       None if why else _ratio(row, base) / work, "<=", GPU_WINDOW, reason=why, block_fraction_of_causal=work)  # fmt: skip
-        if device == "cuda" and scheme == "rope" and path == "posenc_compiled" and length >= GOAL_LENGTH:
+        if device == "cuda" and scheme == "rope" and path == "posenc_compiled" and length >= from_length:
             copy = by_key.get(("copy", "clone", pass_, row["dtype"], length, batch))
             why = need(row, copy, "the copy of the same bytes")
             value = None if why else (row["bytes_moved"] / row["median_ms"]) / (copy["bytes_moved"] / copy["median_ms"])
