@@ -114,7 +114,7 @@ PRESETS: dict[str, Preset] = {
         "forward (FlexAttention has no backward on the CPU); RoPE in float32 and bfloat16; the goals of posenc's kernel work.",
     ),
     "colab": Preset(
-        "colab", "cuda", (4096, 8192), batch=2, heads=16, head_dim=64, warmup=3, repeats=11, window=1024, matmul_size=4096,
+        "colab", "cuda", (4096, 8192), batch=1, heads=16, head_dim=64, warmup=3, repeats=11, window=1024, matmul_size=4096,
         schemes=("nope", "alibi", "t5", "sliding_window", "copy", "rope"), paths=_COLAB_PATHS, flex_uncompiled=False, time_budget_s=None,
         description="Colab's GPU (a T4 in float16, an L4/A100/H100 in bfloat16): the goals' paths at 4k and 8k tokens, both passes; "
         "compiled flex for plain causal, ALiBi, T5 and the window, their SDPA paths with the kept masks, RoPE against a copy.",
