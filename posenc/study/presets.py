@@ -293,11 +293,11 @@ def budget(preset: str | Preset, device_memory: int | None = None, dtype: torch.
             calls += REFERENCE_BACKENDS * BACKEND_CALLS
             run_s += REFERENCE_BACKENDS * BACKEND_CALLS * (model.call_overhead_ms / 1e3 + flops / (model.tflops * 1e12))
     calls += len(references)
-    estimate = model.fixed_s + compile_s + run_s + 2 * len(references) * model.call_overhead_ms / 1e3
+    estimate = round(model.fixed_s + compile_s + run_s + 2 * len(references) * model.call_overhead_ms / 1e3, 1)
     return {
         "preset": preset.name, "model": dataclasses.asdict(model), "measurements": len(tasks), "compiles": sum(compiles.values()),
         "compiles_by_pass": dict(compiles), "calls": int(calls), "compile_s": round(compile_s, 1), "run_s": round(run_s, 1),
-        "estimate_s": round(estimate, 1), "time_budget_s": time_budget(preset, estimate),
+        "estimate_s": estimate, "time_budget_s": time_budget(preset, estimate),
     }  # fmt: skip
 
 
