@@ -13,6 +13,8 @@ the fastest causal SDPA backend forward and >= 0.8x forward+backward; the window
 RoPE at >= 0.8 of the bandwidth of a copy of the same bytes; every fused path's peak memory linear
 in L (growth exponent <= 1.1 between the lengths measured).
 
+A time goal's value is the median of the per-round ratios to the baseline where the run recorded them
+(the ratio of medians for runs stored before), and `iqr` holds their quartiles as the value is expressed.
 A memory goal is judged only with an exact counter (posenc.study.measure.COUNTERS): a lower bound
 cannot certify an upper bound, and figures of two counters are never compared.
 """
@@ -42,6 +44,14 @@ def _ratio(row: dict, base: dict | None) -> float | None:
     if row.get("ratio") is not None:
         return row["ratio"]
     return None if base is None else row["median_ms"] / base["median_ms"]
+
+
+def _iqr(row: dict, invert: bool = False, scale: float = 1.0) -> list[float] | None:
+    """The quartiles of the per-round ratios behind a time goal's value (as the value is expressed), where recorded."""
+    if row.get("ratio_q25") is None or row.get("ratio_q75") is None:
+        return None
+    low, high = row["ratio_q25"] / scale, row["ratio_q75"] / scale
+    return [1 / high, 1 / low] if invert else [low, high]
 
 
 def goals(rows: list[dict], fractions: dict | None = None, device: str | None = None, from_length: int = GOAL_LENGTH) -> list[dict]:
@@ -89,7 +99,7 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
             why = need(row, base)
             plain = by_key.get(("nope", "flex", pass_, dt, length, batch))
             judge(f"{scheme} through compiled flex, time / causal SDPA", row, None if why else _ratio(row, base), "<=", CPU_FLEX_TIME[scheme], reason=why,
-                  ratio_to_causal_flex=row["median_ms"] / plain["median_ms"] if ok(row) and ok(plain) else None)  # fmt: skip
+                  ratio_to_causal_flex=row["median_ms"] / plain["median_ms"] if ok(row) and ok(plain) else None, iqr=_iqr(row))  # fmt: skip
             judge_memory_bound(judge, row, f"{scheme} through compiled flex, peak memory (MiB)", CPU_FLEX_MIB)
         if device == "cpu" and scheme == "rope" and path in CPU_ROPE:
             hf = by_key.get(("rope", "hf_eager", pass_, dt, length, batch))
@@ -101,7 +111,7 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
                 why = need(row, base)
                 ratio = None if why else _ratio(row, base)
                 judge(f"{scheme} through compiled flex, speed / fastest causal SDPA ({pass_})", row, None if ratio is None else 1 / ratio, ">=",
-                      GPU_FLEX_SPEED[pass_], reason=why, baseline_backend=None if base is None else base.get("backend"))  # fmt: skip
+                      GPU_FLEX_SPEED[pass_], reason=why, baseline_backend=None if base is None else base.get("backend"), iqr=_iqr(row, invert=True))  # fmt: skip
             if scheme == "sliding_window":
                 why = need(row, base)
                 frac = (fractions or {}).get(str(length))
@@ -109,7 +119,8 @@ def goals(rows: list[dict], fractions: dict | None = None, device: str | None = 
                     why = "the run's block fractions at this length are not known"
                 work = None if why else frac["sliding_window"] / frac["causal"]
                 judge(f"window through compiled flex, time / (blocks computed x causal time) ({pass_})", row,
-                      None if why else _ratio(row, base) / work, "<=", GPU_WINDOW, reason=why, block_fraction_of_causal=work)  # fmt: skip
+                      None if why else _ratio(row, base) / work, "<=", GPU_WINDOW, reason=why, block_fraction_of_causal=work,
+                      iqr=None if why else _iqr(row, scale=work))  # fmt: skip
         if device == "cuda" and scheme == "rope" and path == "posenc_compiled" and length >= from_length:
             copy = by_key.get(("copy", "clone", pass_, row["dtype"], length, batch))
             why = need(row, copy, "the copy of the same bytes")
