@@ -66,7 +66,9 @@ def test_the_gpu_code_path_runs_end_to_end_on_the_emulated_device(emulated_cuda,
     text = results.read_result("benchmark_colab_tiny.csv")
     stored_meta = json.loads(results.read_result("benchmark_colab_tiny.json"))
     assert text is not None and stored_meta == meta
-    back = bench.read_rows(text)
+    back, again = bench.read_run("colab_tiny")
+    assert again == meta and bench.read_run("colab_never_run") is None
+    assert 0 < meta["compile_s_run"] and meta["budget"]["compile_s"] > 0  # what compiling took, beside what the budget assumed
     assert len(back) == len(rows)
     for got, row in zip(back, rows):
         for column in ("scheme", "path", "pass", "dtype", "seq_len", "status", "backend", "memory_counter", "kept_bytes", "peak_mem_bytes"):

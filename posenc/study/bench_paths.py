@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..core import attention
 from ..qk.rope import Rope

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from .bench_paths import BACKWARD, FORWARD, PASSES, REFERENCE, TOLERANCE, Runner, SkipPath, _first_line
+from .bench_paths import BACKWARD, COMPILED, FORWARD, PASSES, REFERENCE, TOLERANCE, Runner, SkipPath, _first_line  # noqa: F401 - BACKWARD, PASSES: public here
 from .goals import goals
-from .measure import COUNTERS, l2_flusher, summarize, time_call, time_rounds
+from .measure import COUNTERS, summarize, time_call, time_rounds
 from .presets import (  # noqa: F401 - the benchmark's public names, importable from here
     ALL_SCHEMES, BASELINE, OPERATION_PATHS, PRESETS, SCHEME_PATHS, Preset, Task, budget, choose_dtype, elt, estimate_bytes, get_preset,
     memory_limit, nominal_flops, plan, time_budget,
@@ -227,7 +227,8 @@ def run(preset: str | Preset, out: str | Path | None = None, *, schemes: tuple[s
         tolerance=TOLERANCE[dtype], columns=list(COLUMNS), baseline={"scheme": BASELINE[0], "path": BASELINE[1], "through": "posenc.attention, backend='sdpa'"},
         baseline_backend=sorted({r["backend"] for r in rows if r.get("backend")}) or None,
         block_size=128, block_fractions=fractions, first_call_s=runner.first_call_s, budget=estimate,
-        compiles_run=sum(1 for key in runner.first_call_s if key.split("/")[1] in ("flex", "posenc_compiled")),
+        compiles_run=sum(1 for key in runner.first_call_s if key.split("/")[1] in COMPILED),
+        compile_s_run=round(sum(s for key, s in runner.first_call_s.items() if key.split("/")[1] in COMPILED), 1),  # against budget's compile_s
         schemes=None if schemes is None else sorted(set(schemes)), goals=goals(rows, fractions, device.type),
     )  # fmt: skip
     meta = json.loads(json.dumps(meta))  # as the file holds it: lists, not tuples
@@ -286,6 +287,16 @@ def write_results(rows: list[dict], meta: dict, out: str | Path) -> tuple[Path, 
         writer.writerows([_cell(row[c]) for c in COLUMNS] for row in rows)
     json_path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return csv_path, json_path
+
+
+def read_run(preset: str, folder: str | Path | None = None) -> tuple[list[dict], dict] | None:
+    """(rows, metadata) of a run of `preset` where read_result finds its two files (results_dir() first); None where not run."""
+    from .results import read_result
+
+    if not isinstance(preset, str) or not preset:
+        raise TypeError(f"preset must be a preset's name; got {preset!r}")
+    text, meta = read_result(f"benchmark_{preset}.csv", folder), read_result(f"benchmark_{preset}.json", folder)
+    return None if text is None or meta is None else (read_rows(text), json.loads(meta))
 
 
 def read_metadata(out: str | Path, preset: str) -> dict | None:
