@@ -2,10 +2,11 @@
 
 Every attention path goes through `posenc.attention` (the package is what is measured):
 ``explicit``, ``sdpa``, ``flex_uncompiled`` and ``flex`` (compiled) are its backends, and
-``sdpa_causal`` is the baseline, plain causal attention through `posenc.attention`
-(SDPA with is_causal=True) on the fastest SDPA backend at each shape and pass on a GPU. RoPE is timed as `posenc.Rope.transform_qk`
-on queries and keys (cached cos/sin), the same compiled, and Hugging Face's eager
-`apply_rotary_pos_emb` with cos/sin made once per forward as Llama makes them.
+``sdpa_causal`` is the baseline, plain causal attention through `posenc.attention` (SDPA
+with is_causal=True), on a GPU on the fastest SDPA backend at each shape and pass. RoPE is
+timed as `posenc.Rope.transform_qk` on queries and keys (cached cos/sin), the same compiled,
+and Hugging Face's eager `apply_rotary_pos_emb` with cos/sin made once per forward as Llama
+makes them.
 Compiled calls are timed and measured with nothing intercepting them (no dispatch mode).
 """
 
