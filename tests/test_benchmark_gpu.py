@@ -237,3 +237,17 @@ def test_bad_arguments_get_named_errors():
         bench.read_rows(b"preset")
     with pytest.raises(TypeError, match="schemes"):
         bench.run("tiny", schemes="copy")
+
+
+def test_preset_here_is_the_tiny_variant_where_posenc_tiny_is_set(monkeypatch):
+    colab = bench.PRESETS["colab"]
+    monkeypatch.delenv(bench.TINY_ENV, raising=False)
+    assert bench.preset_here("colab") is colab
+    monkeypatch.setenv(bench.TINY_ENV, "1")
+    small = bench.preset_here("colab")
+    assert small.name == "colab_tiny" and small.device == "cuda" and max(small.lengths) <= 128 and small.goal_length == min(small.lengths)
+    assert (small.schemes, small.paths, small.passes) == (colab.schemes, colab.paths, colab.passes) and bench.tiny(small) == small
+    monkeypatch.setenv(bench.TINY_ENV, "0")
+    assert bench.preset_here("colab") is colab
+    with pytest.raises(ValueError, match="goal_length"):
+        dataclasses.replace(colab, goal_length=0)

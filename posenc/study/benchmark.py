@@ -41,8 +41,8 @@ from .bench_paths import BACKWARD, COMPILED, FORWARD, PASSES, REFERENCE, TOLERAN
 from .goals import goals
 from .measure import COUNTERS, summarize, time_call, time_rounds
 from .presets import (  # noqa: F401 - the benchmark's public names, importable from here
-    ALL_SCHEMES, BASELINE, OPERATION_PATHS, PRESETS, SCHEME_PATHS, Preset, Task, budget, choose_dtype, elt, estimate_bytes, get_preset,
-    memory_limit, nominal_flops, plan, time_budget,
+    ALL_SCHEMES, BASELINE, OPERATION_PATHS, PRESETS, SCHEME_PATHS, TINY_ENV, Preset, Task, budget, choose_dtype, elt, estimate_bytes,
+    get_preset, memory_limit, nominal_flops, plan, preset_here, time_budget, tiny,
 )  # fmt: skip
 from .results import results_dir
 from .runinfo import load_average, run_metadata
@@ -229,7 +229,7 @@ def run(preset: str | Preset, out: str | Path | None = None, *, schemes: tuple[s
         block_size=128, block_fractions=fractions, first_call_s=runner.first_call_s, budget=estimate,
         compiles_run=sum(1 for key in runner.first_call_s if key.split("/")[1] in COMPILED),
         compile_s_run=round(sum(s for key, s in runner.first_call_s.items() if key.split("/")[1] in COMPILED), 1),  # against budget's compile_s
-        schemes=None if schemes is None else sorted(set(schemes)), goals=goals(rows, fractions, device.type),
+        schemes=None if schemes is None else sorted(set(schemes)), goals=goals(rows, fractions, device.type, preset.goal_length),
     )  # fmt: skip
     meta = json.loads(json.dumps(meta))  # as the file holds it: lists, not tuples
     if out is not None:

@@ -10,6 +10,7 @@ per-call overhead): the GPU presets' time budgets are computed from it, not gues
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 
 import torch
@@ -67,6 +68,7 @@ class Preset:
     max_bytes: int | None = None  # estimated peak above which a path is skipped; None: half the GPU's memory
     time_budget_s: float | None = 600.0  # None: computed by `budget` (its estimate times `BUDGET_MARGIN`)
     l2_flush_bytes: int | None = None  # GPU: bytes written between timed calls; None: twice the device's L2 cache
+    goal_length: int = 4096  # the time goals are judged from this length on (posenc.study.goals)
     description: str = ""
 
     def __post_init__(self):
@@ -76,7 +78,7 @@ class Preset:
             raise ValueError(f"device must be 'cpu' or 'cuda'; got {self.device!r}")
         _positive_ints("lengths", self.lengths)
         _positive_ints("long_lengths", self.long_lengths, allow_empty=True)
-        _positive_ints("batch, heads, head_dim, window, matmul_size", (self.batch, self.heads, self.head_dim, self.window, self.matmul_size))
+        _positive_ints("batch, heads, head_dim, window, matmul_size, goal_length", (self.batch, self.heads, self.head_dim, self.window, self.matmul_size, self.goal_length))
         if not isinstance(self.warmup, int) or self.warmup < 0 or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"warmup must be an int >= 0 and repeats an int >= 1; got {self.warmup!r} and {self.repeats!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
@@ -131,6 +133,31 @@ PRESETS: dict[str, Preset] = {
         "every path at tiny shapes; RoPE compiled with the aot_eager backend (traced, no code generated).",
     ),
 }  # fmt: skip
+
+
+TINY_ENV = "POSENC_TINY"  # set (to anything but "" or "0"): preset_here gives the tiny variant (the tests, the emulated device)
+
+
+def tiny(preset: str | Preset) -> Preset:
+    """`preset` at tiny shapes: the same device, schemes, paths, passes and steps, in seconds on a CPU or an emulated GPU.
+
+    Its name gains "_tiny" (its results never overwrite the real preset's), Hugging Face's RoPE is left out
+    (importing transformers takes seconds), and its goals are judged from its first length. Its timings mean nothing.
+    """
+    preset = get_preset(preset)
+    base = preset.name.removesuffix("_tiny")
+    return dataclasses.replace(
+        preset, name=f"{base}_tiny", lengths=(64, 128), long_lengths=(), batch=1, heads=2, head_dim=16,
+        window=16, shaw_max_distance=4, t5_buckets=8, t5_max_distance=32, warmup=1, repeats=3, matmul_size=64,
+        l2_flush_bytes=2**16 if preset.device == "cuda" else None, hf_rope=False, max_bytes=2**28, time_budget_s=300.0, goal_length=64,
+        description=f"{base} at tiny shapes (L = 64 and 128, 2 heads of width 16), for tests: its timings mean nothing.",
+    )  # fmt: skip
+
+
+def preset_here(name: str | Preset) -> Preset:
+    """The preset to run here: `name`'s, or its tiny variant where $POSENC_TINY is set (the tests set it on the emulated GPU)."""
+    preset = get_preset(name)
+    return tiny(preset) if os.environ.get(TINY_ENV, "") not in ("", "0") else preset
 
 
 @dataclasses.dataclass(frozen=True)
