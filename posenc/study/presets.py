@@ -111,9 +111,9 @@ PRESETS: dict[str, Preset] = {
     ),
     "kernel": Preset(
         "kernel", "cpu", (4096,), batch=1, heads=8, head_dim=64, threads=1, window=256, passes=(FORWARD,),
-        schemes=("nope", "alibi", "t5", "sliding_window", "rope"), paths=("sdpa_causal", "flex", "posenc", "posenc_compiled", "hf_eager"),
+        schemes=("nope", "alibi", "t5", "sliding_window", "copy", "rope"), paths=("sdpa_causal", "flex", "clone", "posenc", "posenc_compiled", "hf_eager"),
         rope_dtypes=("bfloat16",), max_bytes=4 * 2**30, description="The fast paths at L = 4096 (B=1, H=8, d=64), one CPU thread, "
-        "forward (FlexAttention has no backward on the CPU); RoPE in float32 and bfloat16; the goals of posenc's kernel work.",
+        "forward (FlexAttention has no backward on the CPU); RoPE in float32 and bfloat16 next to a copy of its bytes; the goals of posenc's kernel work.",
     ),
     "colab": Preset(
         "colab", "cuda", (4096, 8192), batch=1, heads=16, head_dim=64, warmup=3, repeats=11, window=1024, matmul_size=4096,
