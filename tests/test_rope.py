@@ -216,3 +216,17 @@ def test_decoding_builds_a_table_only_when_the_length_doubles():
         sliced = rope.cos_sin(range(start, stop), like)
         direct = rope.cos_sin(torch.arange(start, stop), like)
         assert all(torch.equal(a, b) for a, b in zip(sliced, direct))
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotate_pairs_compiles_to_one_graph_without_gradients(layout):
+    # under torch.compile the rotation runs out of place: the out= writes into views of one buffer, which eager code
+    # uses to save memory, break dynamo's graph ("non-contiguous out= tensor") and ran 9x slower than a copy on a CPU
+    x = torch.randn(1, 2, 16, 8)
+    cos, sin = (f(torch.randn(16, 4)) for f in (torch.cos, torch.sin))
+    with torch.no_grad():
+        explained = torch._dynamo.explain(lambda x, c, s: qk_rope.rotate_pairs(x, c, s, layout))(x, cos, sin)
+        eager = qk_rope.rotate_pairs(x, cos, sin, layout)
+        compiled = torch.compile(lambda x, c, s: qk_rope.rotate_pairs(x, c, s, layout), backend="aot_eager")(x, cos, sin)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch.testing.assert_close(compiled, eager)

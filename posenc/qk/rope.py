@@ -158,14 +158,16 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     so with the same cos and sin the result is bit-identical to it. Without gradients it is
     written into one output tensor with a single half-size scratch buffer (no rotate_half
     copy, no full-size temporaries); with gradients the same arithmetic runs out of place
-    (torch's out= records no graph).
+    (torch's out= records no graph), and so it does under torch.compile: the compiler fuses the
+    out-of-place form into one loop at a copy's speed, while the out= writes into views of one
+    buffer make it copy and scatter (on a CPU, 9 times slower; chapters/benchmark.ipynb).
     """
     rotated = 2 * cos.shape[-1]
     if rotated < x.shape[-1]:
         turned = rotate_pairs(x[..., :rotated], cos, sin, layout)
         return torch.cat((turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)), -1)
     x1, x2 = _pairs(x, layout)
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)):
         first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
         return torch.cat((first, second), -1) if layout == "half" else torch.stack((first, second), -1).flatten(-2)
     shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)

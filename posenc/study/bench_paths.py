@@ -2,10 +2,11 @@
 
 Every attention path goes through `posenc.attention` (the package is what is measured):
 ``explicit``, ``sdpa``, ``flex_uncompiled`` and ``flex`` (compiled) are its backends, and
-``sdpa_causal`` is the baseline, plain `scaled_dot_product_attention(is_causal=True)`
-on the fastest SDPA backend the device has. RoPE is timed as `posenc.Rope.transform_qk`
-on queries and keys (cached cos/sin), the same compiled, and Hugging Face's eager
-`apply_rotary_pos_emb` with cos/sin made once per forward as Llama makes them.
+``sdpa_causal`` is the baseline, plain causal attention through `posenc.attention` (SDPA
+with is_causal=True), on a GPU on the fastest SDPA backend at each shape and pass. RoPE is
+timed as `posenc.Rope.transform_qk` on queries and keys (cached cos/sin), the same compiled,
+and Hugging Face's eager `apply_rotary_pos_emb` with cos/sin made once per forward as Llama
+makes them.
 Compiled calls are timed and measured with nothing intercepting them (no dispatch mode).
 """
 
@@ -16,17 +17,18 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..core import attention
 from ..qk.rope import Rope
 from ..scheme import NoPE, Scheme
 from ..score import ALiBi, ShawRelative, SlidingWindow, T5Bias
-from .measure import cuda_peak_memory, peak_memory, peak_rss, summarize, time_call
+from .measure import cuda_peak_memory, kept_memory, l2_flusher, peak_memory, peak_rss, summarize, time_call
 
 FORWARD, BACKWARD = "forward", "forward+backward"
+BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}  # causal SDPA backends on a GPU
 PASSES = (FORWARD, BACKWARD)
 COMPILED = ("flex", "posenc_compiled")
+OPERATION_SCHEMES = ("copy", "rope")  # measured outside attention
 REFERENCE = {"shaw_values": "explicit_naive", "rope": "posenc", "copy": "clone"}  # the path each is checked against; else explicit
 # float32: atol = rtol; half precision: the norm-wise relative error ||got - reference|| / ||reference||
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -64,9 +66,10 @@ class Runner:
         self.preset, self.device, self.dtype, self.log = preset, device, dtype, log
         self.start = time.perf_counter()
         self._inputs, self._schemes, self._references, self._compiled = {}, {}, {}, {}
-        self._hf = None
+        self._hf = self._flush = None
         self.first_call_s: dict[str, float] = {}
-        self.baseline_backend: str | None = None
+        self.backends: dict[tuple, str] = {}  # (length, batch, pass, dtype) -> the baseline's SDPA backend there
+        self.current_backend = "default"
 
     def inputs(self, length: int, batch: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
         """q, k, v and the output gradient for a shape, the same for every path (seeded by the shape)."""
@@ -86,38 +89,52 @@ class Runner:
             self._schemes[(name, method)] = measured_scheme(name, self.preset, method).to(self.device)
         return self._schemes[(name, method)]
 
+    def flush(self) -> Callable[[], None] | None:
+        """The L2 flush run before each timed call on a GPU (posenc.study.measure.l2_flusher); None on the CPU."""
+        if self._flush is None and self.device.type == "cuda":
+            self._flush = l2_flusher(self.device, self.preset.l2_flush_bytes)
+        return self._flush
+
     # ----------------------------------------------------------------- the baseline
 
-    def choose_baseline(self, q, k, v) -> str:
-        """On a GPU the fastest causal SDPA backend that runs (cuDNN or FlashAttention); elsewhere torch's default."""
+    def choose_backend(self, task) -> str:
+        """The fastest causal SDPA backend at this task's shape and pass, on a GPU (cuDNN, flash, efficient); 'default' elsewhere."""
         if self.device.type != "cuda":
             return "default"
+        key = (task.seq_len, task.batch, task.pass_, task.dtype)
+        if key not in self.backends:
+            timings = {}
+            for name in BACKENDS:
+                self.backends[key] = name
+                fn, _ = self.step(dataclasses.replace(task, scheme="nope", path="sdpa_causal"), task.seq_len)
+                try:
+                    timings[name] = summarize(time_call(fn, self.device, 1, 3))[0]
+                except RuntimeError:  # this backend cannot run this shape, dtype or device
+                    continue
+            self.backends[key] = min(timings, key=timings.get) if timings else "default"
+        return self.backends[key]
+
+    def baseline_fn(self, backend: str) -> Callable:
+        """Plain causal attention through posenc.attention (SDPA with is_causal=True), on `backend` where it names one."""
+        scheme = self.scheme("nope", "sdpa")
+        if backend not in BACKENDS:
+            return lambda q, k, v: attention(q, k, v, scheme, backend="sdpa")
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        timings = {}
-        for name in ("cudnn", "flash"):
-            backend = SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION
-            try:
-                with sdpa_kernel(backend):
-                    timings[name] = summarize(time_call(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), self.device, 3, 10))[0]
-            except RuntimeError:
-                continue
-        return min(timings, key=timings.get) if timings else "default"
+        chosen = getattr(SDPBackend, BACKENDS[backend])
 
-    def baseline(self, q, k, v):
-        if self.baseline_backend in ("cudnn", "flash"):
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+        def fn(q, k, v):
+            with sdpa_kernel(chosen):
+                return attention(q, k, v, scheme, backend="sdpa")
 
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION if self.baseline_backend == "cudnn" else SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return fn
 
     # ----------------------------------------------------------------- building a path
 
     def attention_fn(self, scheme_name: str, path: str) -> Callable:
         """fn(q, k, v) -> output of the path (batch, heads, L, head_dim), through posenc.attention."""
         if path == "sdpa_causal":
-            return self.baseline
+            return self.baseline_fn(self.current_backend)
         scheme = self.scheme(scheme_name, path)
         backend = "explicit" if path.startswith("explicit") else path
         return lambda q, k, v: attention(q, k, v, scheme, backend=backend)
@@ -131,6 +148,8 @@ class Runner:
         if task.scheme == "rope":
             fn = self.rope_fn(task.path, length, q)
             return (lambda: fn(q, k)), (lambda: list(fn(q, k)))
+        if task.path == "sdpa_causal":
+            self.current_backend = self.backends.get((length, task.batch, task.pass_, task.dtype), "default")
         fn = self.attention_fn(task.scheme, task.path)
         if task.pass_ == FORWARD:
 
@@ -218,6 +237,30 @@ class Runner:
             if not agrees:
                 raise SkipPath(f"check failed: differs from the reference by up to {error:.3g} (tolerance {tol:g})")
         return error
+
+    def kept(self, task) -> int | None:
+        """Bytes a path keeps per shape after its first call (a dense mask or bias for SDPA), measured with fresh caches.
+
+        None for FlexAttention (compiled: a fresh scheme would compile again; its block mask is small; uncompiled:
+        a dispatch mode cannot count it) and for the operations outside attention."""
+        if task.scheme in OPERATION_SCHEMES or task.path in COMPILED or task.path.startswith("flex"):
+            return None
+        from .. import kernel
+
+        q, k, v, _ = self.inputs(task.seq_len, task.batch, task.dtype)
+        fresh = self.baseline_fn(self.current_backend) if task.path == "sdpa_causal" else None
+        if fresh is None:
+            scheme = measured_scheme(task.scheme, self.preset, "naive" if task.path == "explicit_naive" else "gather").to(self.device)
+            backend = "explicit" if task.path.startswith("explicit") else task.path
+            fresh = lambda q, k, v: attention(q, k, v, scheme, backend=backend)  # noqa: E731
+        saved = dict(kernel._MASKS)
+        kernel._MASKS.clear()  # the masks kept across schemes: as before this path's first call at this shape
+        try:
+            with torch.no_grad():
+                return kept_memory(fresh, q, k, v, device=self.device)
+        finally:
+            kernel._MASKS.clear()
+            kernel._MASKS.update(saved)
 
     def memory(self, task, fn: Callable[[], object]) -> tuple[int | None, str]:
         """Peak bytes of one call and how they were counted: CUDA's allocator, the process's resident peak, or tensors created."""

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .results import results_dir
 from ..model import TinyTransformer
 from ..qk.rope import Rope
 from .corpus import VOCAB_SIZE, load_corpus, sample_windows
@@ -523,7 +524,7 @@ def check(preset: Preset, out_dir: Path, label: str, seed: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m posenc.study.extrapolation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--out", type=Path, default=Path("chapters/results"), help="folder for the results (default: chapters/results)")
+    parser.add_argument("--out", type=Path, default=results_dir(), help="folder for the results (default: posenc.study.results.results_dir(), here %(default)s)")
     parser.add_argument("--schemes", nargs="+", help="a subset of the schemes (default: all)")
     parser.add_argument("--device", help="override the preset's device (cpu, cuda)")
     parser.add_argument("--jobs", type=int, help="runs side by side, one process each (default: the preset's)")

@@ -5,7 +5,10 @@ the call creates and frees each one when its storage dies. The count is the
 same on every device and on every run, so a chapter can print it; it does not
 see scratch memory that a single kernel allocates and frees inside itself.
 `cuda_peak_memory` asks CUDA's caching allocator instead: it sees everything
-on the GPU, rounded up to the allocator's blocks.
+on the GPU, rounded up to the allocator's blocks. `peak_rss` sees a process's resident
+growth, a lower bound. `COUNTERS` says which counter bounds what: a goal that bounds memory
+from above is judged only with an exact counter. `time_rounds` times several calls
+interleaved, round by round, with an L2 flush before each timed call on a GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+
+COUNTERS = {  # counter -> what its figure is: only "exact" may certify a goal that bounds memory from above
+    "cuda_allocator": "exact",  # CUDA's caching allocator: every allocation on the device, rounded to its blocks
+    "tensors": "exact",  # bytes of the tensors created, operator by operator (not the scratch inside one kernel)
+    "process_rss": "lower bound",  # growth of the resident peak: memory the allocator already held and reuses is not seen
+}
 
 
 class _StorageCounter(TorchDispatchMode):
@@ -91,6 +101,93 @@ def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
     peak = torch.cuda.max_memory_allocated(device) - before
     del out
     return peak
+
+
+def kept_memory(fn: Callable, *args, device=None, **kwargs) -> int:
+    """Bytes that fn(*args, **kwargs) allocates and keeps after returning (caches: a mask kept per shape), its output dropped.
+
+    On a GPU CUDA's allocator (allocated after minus before); elsewhere the tensors created and still alive.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        out = fn(*args, **kwargs)
+        del out
+        torch.cuda.synchronize(device)
+        return max(torch.cuda.memory_allocated(device) - before, 0)
+    counter = _StorageCounter()
+    with counter:
+        out = fn(*args, **kwargs)
+    del out
+    return max(counter.live, 0)
+
+
+def l2_flusher(device, nbytes: int | None = None) -> Callable[[], None] | None:
+    """On a GPU, a function that writes `nbytes` (default: twice the L2 cache, 256 MiB where torch does not say) so
+    no operand of the next call is still in L2; None on the CPU (its caches cannot be flushed from here)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if nbytes is None:
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 128 * 2**20
+        nbytes = 2 * l2
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        raise ValueError(f"nbytes must be a positive int; got {nbytes!r}")
+    buffer = torch.empty(max(nbytes // 4, 1), dtype=torch.int32, device=device)
+
+    def flush() -> None:
+        buffer.fill_(0)
+
+    return flush
+
+
+def time_rounds(fns: dict, device, warmup: int, rounds: int, flush: Callable[[], None] | None = None) -> tuple[dict, dict]:
+    """Milliseconds of each named call, interleaved: every round times each call once, the order rotating by one per round.
+
+    Each call is first called `warmup` times; on a GPU, `flush` (see l2_flusher) runs before every
+    timed call, outside the timed interval. A call that raises is dropped from the later rounds:
+    returns (times by name, the exception by name for those).
+    """
+    import time
+
+    if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
+        raise TypeError("fns must be a dict of name -> callable")
+    if not isinstance(rounds, int) or rounds < 1 or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"rounds must be an int >= 1 and warmup an int >= 0; got {rounds!r} and {warmup!r}")
+    device = torch.device(device)
+    times, failed = {name: [] for name in fns}, {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+        except Exception as exc:  # noqa: BLE001 - recorded by the caller as the path's reason
+            failed[name] = exc
+    names = [n for n in fns if n not in failed]
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
+            if name in failed:
+                continue
+            try:
+                if device.type == "cuda":
+                    if flush is not None:
+                        flush()
+                    torch.cuda.synchronize(device)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fns[name]()
+                    end.record()
+                    end.synchronize()
+                    times[name].append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    fns[name]()
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            except Exception as exc:  # noqa: BLE001
+                failed[name] = exc
+    return {n: t for n, t in times.items() if n not in failed}, failed
 
 
 def summarize(times_ms: list[float]) -> tuple[float, float, float]:

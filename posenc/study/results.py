@@ -1,12 +1,60 @@
-"""Stored results of the closing chapters (chapters/results/), found where a reader has them."""
+"""Results of the closing chapters: one folder that the entry points write to and `read_result` reads from.
+
+`results_dir()` is that folder: $POSENC_RESULTS where set; in a checkout of the book's repository
+(posenc imported from it, as in a clone or an editable install) its chapters/results/, where the
+stored runs are; elsewhere (posenc pip-installed, Colab's /content) ./posenc_results under the
+working directory. `command_line()` gives the command that writes there, for the place it runs.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
 import os
+import shlex
 import urllib.request
 from pathlib import Path
+
+
+ENV = "POSENC_RESULTS"
+USER_DIR = "posenc_results"  # under the working directory, where posenc is not imported from a checkout
+ENTRY_POINTS = {"benchmark": "posenc.study.benchmark", "extrapolation": "posenc.study.extrapolation"}
+
+
+def _checkout_results() -> Path | None:
+    """chapters/results/ of the repository posenc is imported from, if it is a checkout of the book."""
+    root = Path(__file__).resolve().parents[2]
+    return root / "chapters" / "results" if (root / "chapters").is_dir() and (root / "pyproject.toml").is_file() else None
+
+
+def results_dir() -> Path:
+    """The one folder results are written to and read from: $POSENC_RESULTS, the checkout's chapters/results, or ./posenc_results."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV]).expanduser()
+    return _checkout_results() or Path.cwd() / USER_DIR
+
+
+def command_line(entry: str, preset: str, *, notebook: bool = False, extra: tuple[str, ...] = ()) -> str:
+    """The command that runs `entry` ("benchmark" or "extrapolation") with `preset` and writes where `read_result` reads.
+
+    The folder is given relative to the working directory where it lies below it (so the printed
+    command is the same on every machine with the same layout); `notebook=True` prefixes "!" for a
+    notebook cell.
+    """
+    if entry not in ENTRY_POINTS:
+        raise ValueError(f"entry must be one of {', '.join(map(repr, ENTRY_POINTS))}; got {entry!r}")
+    if not isinstance(preset, str) or not preset:
+        raise TypeError(f"preset must be a non-empty str; got {preset!r}")
+    if not isinstance(extra, tuple) or not all(isinstance(e, str) for e in extra):
+        raise TypeError("extra must be a tuple of str")
+    folder = results_dir().resolve()
+    try:
+        shown = os.path.relpath(folder, Path.cwd().resolve())
+        shown = folder.as_posix() if shown.startswith("..") else Path(shown).as_posix()
+    except ValueError:  # another drive (Windows)
+        shown = folder.as_posix()
+    words = ["python", "-m", ENTRY_POINTS[entry], "--preset", preset, "--out", shown, *extra]
+    return ("!" if notebook else "") + " ".join(shlex.quote(w) for w in words)
 
 
 def _installed_commit_url(name: str) -> str | None:
@@ -19,18 +67,24 @@ def _installed_commit_url(name: str) -> str | None:
         return None
 
 
-def read_result(name: str, folder: str | Path = "results", required: bool = False) -> str | None:
-    """The text of a stored result file, from the first place that has it.
+def read_result(name: str, folder: str | Path | None = None, required: bool = False) -> str | None:
+    """The text of a result file, from the first place that has it.
 
-    1. `folder` (a chapter runs in chapters/, so "results" is chapters/results/ in a clone);
-    2. the folder named by the environment variable POSENC_RESULTS, if set;
-    3. on Colab, where only the notebook was opened and posenc was pip-installed from the
+    1. `folder`, if given;
+    2. `results_dir()`: $POSENC_RESULTS, the checkout's chapters/results, or ./posenc_results
+       (where the entry points write by default: a run made here is found here);
+    3. the checkout's chapters/results (the stored runs), if there is a checkout;
+    4. on Colab, where only the notebook was opened and posenc was pip-installed from the
        book's repository: the repository itself, at the very commit posenc was installed
        from, so results and code match.
     Where none has it: None, or with `required=True` a FileNotFoundError that says where
     it looked and what to do.
     """
-    places = [Path(folder)] + ([Path(os.environ["POSENC_RESULTS"])] if os.environ.get("POSENC_RESULTS") else [])
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"name must be a file name (no folder); got {name!r}")
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path or None; got {type(folder).__name__}")
+    places = list(dict.fromkeys([*([Path(folder)] if folder is not None else []), results_dir(), *filter(None, [_checkout_results()])]))
     for place in places:
         if (place / name).is_file():
             return (place / name).read_text()

@@ -1,13 +1,15 @@
 """What a results file records about the run that made it: one schema for both entry points.
 
 `run_metadata` gives the keys every results JSON has (preset and its configuration, device,
-dtype, versions, commit, date, threads, platform, load); each entry point adds its own.
+dtype, versions, commit and the package source's digest, date, threads, platform, load); each entry point
+adds its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -34,6 +36,18 @@ def git_state() -> tuple[str | None, bool | None]:
     """(HEAD commit, whether the package code has uncommitted changes): results being written do not count."""
     status = git("status", "--porcelain", "--", str(PACKAGE))
     return git("rev-parse", "HEAD"), None if status is None else bool(status)
+
+
+def source_sha256(package: Path = PACKAGE) -> str:
+    """SHA-256 of posenc's source (every .py file under the package, by relative path and bytes).
+
+    The same wherever the same code is installed (a clone, or pip at a commit in Colab), with no git:
+    a chapter compares it with the one its stored results record, to show they come from the code it prints.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def cpu_model() -> str:
@@ -106,6 +120,7 @@ def run_metadata(preset: str, config, device, dtype: torch.dtype) -> dict:
             "posenc": __version__,
         },
         "git": {"commit": commit, "dirty": dirty},
+        "package_sha256": source_sha256(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
