@@ -243,3 +243,48 @@ def test_gpu_preset_runs_at_its_own_shapes(corpus):
     rows, _ = xp.run("alibi", 0, gpu, corpus)
     lengths = {r["eval_len"] for r in rows if r["protocol"] == "matched" and r["bucket"] == "all"}
     assert lengths == {256, 512, 1024, 2048} and all(0 < r["value"] < 10 for r in rows if r["metric"] == "loss")
+
+
+def test_colab_preset_is_the_cpu_model_with_fewer_runs_and_its_estimate_adds_up():
+    """colab: the cpu preset's model, data, steps and evaluation, six schemes, seed 0, on CUDA; under 10 minutes by the stated T4 cost."""
+    cpu, colab = xp.PRESETS["cpu"], xp.PRESETS["colab"]
+    assert replace(colab, name="cpu", seeds=cpu.seeds, threads=cpu.threads, jobs=cpu.jobs, device="cpu", schemes=None) == cpu
+    assert colab.device == "cuda" and colab.seeds == (0,) and "rope" in colab.labels and 3 <= len(colab.labels) < len(xp.SCHEMES)
+    cost, t4 = xp.estimate(colab), xp.STEP_COSTS["t4"]
+    steps = (len(colab.labels) - 1) * cpu.steps + cpu.steps + len(xp.rescalings(cpu)) * cpu.finetune_steps
+    evaluations = len(colab.labels) + 2 * len(xp.rescalings(cpu)) - 1  # rope: its model, 4 zero-shot and 5 fine-tuned extensions
+    assert (cost["steps"], cost["evaluations"]) == (steps, evaluations)
+    assert cost["estimate_s"] == round(t4.fixed_s + steps * t4.step_s + evaluations * t4.evaluation_s, 1) < 600
+    meta = json.loads((ROOT / "chapters" / "results" / "extrapolation_cpu.json").read_text())
+    recorded = xp.estimate(colab, recorded=meta)
+    assert recorded["recorded_s"] == round(sum(meta["wall_seconds"][f"{label}/0"] for label in colab.labels), 1)
+    assert "recorded_s" not in xp.estimate(replace(colab, seeds=(7,)), recorded=meta)  # no such runs recorded: no comparison
+    assert xp.PRESETS["cpu"].labels == xp.SCHEMES == tuple(xp.scheme_table(cpu))
+    with pytest.raises(ValueError, match="unknown schemes"):
+        replace(colab, schemes=("bert",))
+
+
+def test_colab_preset_runs_end_to_end_on_the_emulated_device_where_read_result_finds_it(emulated_cuda, tmp_path, monkeypatch):
+    """The entry point's GPU path at tiny sizes (--tiny): trained and evaluated on CUDA, written to results_dir(), read back."""
+    from posenc.study import results
+
+    monkeypatch.setenv(results.ENV, str(tmp_path))
+    schemes = ["alibi", "rope"]
+    assert xp.main(["--preset", "colab", "--tiny", "--schemes", *schemes]) == 0
+    meta = json.loads(results.read_result("extrapolation_colab_tiny.json", required=True))
+    assert meta["device"]["type"] == "cuda" and meta["config"]["device"] == "cuda" and meta["preset"] == "colab_tiny"
+    assert set(meta["wall_seconds"]) == {f"{s}/0" for s in schemes}
+    sequences = summary.read_sequences(results.read_result("extrapolation_colab_tiny_sequences.csv", required=True))
+    table = summary.bootstrap(sequences, replicates=20)
+    assert {"alibi", "rope", "rope_yarn (fine-tuned)"} <= set(table.label) and table["mean"].between(0, np.log(256)).all()
+
+
+def test_check_on_the_command_line_reproduces_a_stored_run_bit_for_bit(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    base = [sys.executable, "-m", "posenc.study.extrapolation", "--preset", "smoke", "--out", str(tmp_path)]
+    made = subprocess.run([*base, "--schemes", "alibi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert made.returncode == 0, made.stderr[-3000:]
+    checked = subprocess.run([*base, "--check", "alibi/0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    outcome = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert outcome["identical"] and outcome["max_abs_difference"] == 0 and outcome["run"] == "alibi/0"

@@ -1,0 +1,170 @@
+"""The extrapolation study's presets, its schemes and context extensions, and the time a preset will take on a GPU.
+
+A `Preset` fixes everything that decides a number (model, data, steps, evaluation, seeds)
+except the device; `scheme_table` and `rescalings` name the runs. `estimate` counts a
+preset's optimizer steps and evaluations and turns them into seconds under a stated
+`StepCost` (an assumption, never a measurement); given the metadata of the stored `cpu` run
+it also sets the same runs' recorded CPU seconds beside the estimate. `tiny` shrinks a preset
+to the smoke preset's sizes for the tests and the chapter's emulated GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+SCHEMES = ("nope", "sinusoidal", "learned", "shaw", "t5", "rope", "alibi", "window_rope", "window_nope")  # the labels of scheme_table
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    dim: int
+    num_heads: int
+    num_layers: int
+    train_len: int
+    steps: int
+    batch_size: int  # language-model windows per step (global: split over the processes)
+    lr: float
+    seeds: tuple[int, ...]
+    eval_sequences: int  # matched protocol: sequences of 8L bytes
+    sliding_sequences: int  # sliding protocol: sequences of L target bytes
+    passkey_batch: int  # passkey sequences of length L mixed into every training step
+    passkey_count: int  # test sequences per length and depth
+    finetune_steps: int
+    finetune_lr: float
+    warmup: int = 50
+    passkey_weight: float = 1.0  # the loss is LM loss + weight x passkey answer loss
+    finetune_factor: int = 4
+    beyond_factor: int = 8  # the rescaling tested past its fine-tuning length
+    eval_factors: tuple[int, ...] = (1, 2, 4, 8)
+    depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    sliding_stride_divisor: int = 2  # the window slides by L / divisor
+    corpus_bytes: int | None = None  # None: the whole standard library
+    threads: int | None = None  # torch threads of each process
+    jobs: int = 1  # runs trained side by side in separate processes (one process, one run: the numbers do not depend on it)
+    device: str = "cpu"
+    schemes: tuple[str, ...] | None = None  # the schemes a study trains; None: all of SCHEMES
+
+    def __post_init__(self):
+        unknown = sorted(set(self.schemes or ()) - set(SCHEMES))
+        if unknown:
+            raise ValueError(f"unknown schemes {unknown}; choose from {sorted(SCHEMES)}")
+
+    @property
+    def sliding_stride(self) -> int:
+        return max(1, self.train_len // self.sliding_stride_divisor)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The schemes a study of this preset trains, in the order of the scheme table."""
+        return tuple(s for s in SCHEMES if self.schemes is None or s in self.schemes)
+
+
+_CPU = Preset("cpu", dim=64, num_heads=2, num_layers=4, train_len=64, steps=2500, batch_size=32, lr=1e-2, seeds=(0, 1, 2),
+              eval_sequences=128, sliding_sequences=128, passkey_batch=8, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
+              warmup=100, passkey_weight=0.25, threads=1, jobs=2)
+PRESETS = {
+    # seconds: the tests and the chapter's live slice
+    "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
+                    eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
+                    warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
+    # the committed results: this 2-core machine, two runs side by side on one thread each, about 45 minutes
+    "cpu": _CPU,
+    # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation, six schemes, seed 0; about 7 minutes
+    # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU), plotted beside the stored cpu run
+    "colab": replace(_CPU, name="colab", seeds=(0,), threads=None, jobs=1, device="cuda",
+                     schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope")),
+    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
+    "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
+                  eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
+                  warmup=100, passkey_weight=0.25, device="cuda"),  # the cpu preset's passkey share and weight
+}
+
+
+def tiny(preset: Preset) -> Preset:
+    """`preset` at the smoke preset's sizes (seconds on a CPU), with its device, schemes and first seed: tests and emulated GPUs."""
+    return replace(PRESETS["smoke"], name=f"{preset.name}_tiny", device=preset.device, schemes=preset.schemes, seeds=preset.seeds[:1],
+                   threads=None)
+
+
+def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
+    """Label -> (registry name, arguments) of every scheme trained from scratch."""
+    length = preset.train_len
+    window = max(2, length // 4)
+    return {
+        "nope": ("nope", {}),
+        "sinusoidal": ("sinusoidal", {}),
+        "learned": ("learned", {}),
+        "shaw": ("shaw", {"max_distance": max(1, length // 4)}),
+        "t5": ("t5", {"num_buckets": 16, "max_distance": length}),
+        "rope": ("rope", {}),
+        "alibi": ("alibi", {}),
+        "window_rope": ("sliding_window", {"window": window, "inner": "rope"}),
+        "window_nope": ("sliding_window", {"window": window}),
+    }
+
+
+def rescalings(preset: Preset) -> dict[str, dict]:
+    """Label -> Rope arguments of the context extensions of the model trained with plain RoPE ("rope": the control)."""
+    s, beyond, original = float(preset.finetune_factor), float(preset.beyond_factor), preset.train_len
+    return {
+        "rope": {},
+        "rope_pi": {"rope_type": "linear", "factor": s},
+        "rope_ntk": {"rope_type": "ntk", "factor": s},
+        "rope_yarn": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": original},
+        f"rope_yarn_x{preset.beyond_factor}": {"rope_type": "yarn", "factor": beyond, "original_max_position_embeddings": original},
+    }
+
+
+# --- how long a preset takes ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepCost:
+    """Assumed seconds of a training step, of one evaluation of a model, and of what a study does once (not measurements)."""
+
+    name: str
+    step_s: float  # one optimizer step (a fine-tuning step at 4L moves the same bytes and counts the same)
+    evaluation_s: float  # one evaluation: both protocols at every length and the passkey tests
+    fixed_s: float  # imports, reading the corpus, the n-gram baselines, the evaluation sequences
+
+
+# A T4 (Colab's free GPU) running the cpu preset's model in float32, eager PyTorch. A step of that model is bound by
+# the launch of its operators, not by arithmetic: counted on the CPU, a training step dispatches about 1,240 (NoPE,
+# ALiBi) to 1,770 (Shaw) aten operators, assumed at about 15 microseconds of host time each on Colab's host CPU, while
+# its arithmetic (6 x 232 thousand parameters x 2,560 bytes, about 3.6 GFLOP) is under 1 ms at a T4's 8 TFLOP/s fp32
+# peak: 20 ms a step. An evaluation dispatches 4,400 to 11,800 operators and about 0.5 TFLOP of forward passes: 2 s
+# allowed. Once per study: the n-gram baselines (15 s recorded on one CPU thread for the cpu run), reading the
+# standard library and the evaluation sequences: 45 s.
+STEP_COSTS = {"t4": StepCost("t4", step_s=0.020, evaluation_s=2.0, fixed_s=45.0)}
+
+
+def run_counts(preset: Preset, label: str) -> tuple[int, int]:
+    """(optimizer steps, evaluations) of one run of `label`: plain RoPE adds its fine-tunes and their evaluations."""
+    if label != "rope":
+        return preset.steps, 1
+    extensions = rescalings(preset)
+    zero_shot = sum(1 for args in extensions.values() if args)
+    return preset.steps + len(extensions) * preset.finetune_steps, 1 + zero_shot + len(extensions)
+
+
+def estimate(preset: Preset, cost: str | StepCost = "t4", recorded: dict | None = None) -> dict:
+    """Steps, evaluations and the seconds of a study of `preset` under `cost`; with `recorded` (a stored run's metadata),
+    the recorded wall seconds of the same (scheme, seed) runs, their seconds per step, and the estimate's speed-up on them."""
+    cost = STEP_COSTS[cost] if isinstance(cost, str) else cost
+    counts = {(label, seed): run_counts(preset, label) for label in preset.labels for seed in preset.seeds}
+    steps, evaluations = sum(s for s, _ in counts.values()), sum(e for _, e in counts.values())
+    seconds = cost.fixed_s + steps * cost.step_s + evaluations * cost.evaluation_s
+    out = {"preset": preset.name, "cost": cost.name, "runs": len(counts), "steps": steps, "evaluations": evaluations,
+           "estimate_s": round(seconds, 1)}
+    if recorded is not None:
+        wall = recorded.get("wall_seconds", {})
+        known = [f"{label}/{seed}" for label, seed in counts if f"{label}/{seed}" in wall]
+        if len(known) == len(counts):
+            cpu_s = sum(wall[k] for k in known)
+            out.update(recorded_s=round(cpu_s, 1), recorded_step_s=round(cpu_s / steps, 4),
+                       speedup=round(cpu_s / (steps * cost.step_s + evaluations * cost.evaluation_s), 2))
+    return out
