@@ -6,6 +6,7 @@ ranks; measure times calls (interleaved, with an L2 flush on a GPU) and counts m
 counter exact or a lower bound); runinfo records one metadata schema; results keeps the one
 results folder (results_dir, command_line, read_result); presets plans a benchmark run and
 budgets its time; bench_paths builds the benchmark's measured paths; goals judges them;
-extrapolation and benchmark are the two entry points (`python -m posenc.study.extrapolation`,
-`python -m posenc.study.benchmark`).
+extrapolation_presets sizes the study (and estimates a preset's time), extrapolation_runs trains and
+evaluates one model; extrapolation and benchmark are the two entry points
+(`python -m posenc.study.extrapolation`, `python -m posenc.study.benchmark`).
 """
