@@ -1,4 +1,4 @@
-"""transformers 5.23's get_rope_index of Qwen2.5-VL and Qwen3-VL on token sequences built from `parts`.
+"""transformers 5.23's get_rope_index of Qwen2.5-VL and Qwen3-VL on token sequences built from `parts`, and Pixtral's 2-D RoPE.
 
 Used live when transformers is installed, and frozen into data/hf_vl_positions.json by
 `python tests/hf_vl_reference.py` (as hf_reference.py does for the other cross-checks).
@@ -98,10 +98,27 @@ def rope_index(model: str, rows: list) -> tuple[torch.Tensor, torch.Tensor, torc
     return ids, deltas, attention_mask
 
 
+PIXTRAL_GRID, PIXTRAL_HEAD_DIM = (3, 5), 32
+
+
+def pixtral_rotation() -> tuple[torch.Tensor, torch.Tensor]:
+    """(coordinates (2, N), hf_reference's fixed input rotated by Pixtral's vision rotary embedding) for a PIXTRAL_GRID image."""
+    from hf_reference import rotation_input
+    from transformers.models.pixtral.configuration_pixtral import PixtralVisionConfig
+    from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding, apply_rotary_pos_emb
+
+    config = PixtralVisionConfig(hidden_size=2 * PIXTRAL_HEAD_DIM, num_attention_heads=2, head_dim=PIXTRAL_HEAD_DIM)
+    rows, cols = torch.meshgrid(torch.arange(PIXTRAL_GRID[0]), torch.arange(PIXTRAL_GRID[1]), indexing="ij")
+    positions = torch.stack((rows.flatten(), cols.flatten()), dim=-1)  # (N, 2), as PixtralTransformer's position_ids
+    x = rotation_input(PIXTRAL_HEAD_DIM, len(positions))
+    cos, sin = PixtralVisionRotaryEmbedding(config)(x, positions)
+    return positions.T, apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=0)[0]
+
+
 def compute() -> dict:
     import transformers
 
-    out = {"transformers": transformers.__version__}
+    out = {"transformers": transformers.__version__, "pixtral_rotation": [t.tolist() for t in pixtral_rotation()]}
     for model, cases in (("qwen2_5_vl", QWEN2_5_CASES), ("qwen3_vl", QWEN3_CASES)):
         out[model] = {name: [t.tolist() for t in rope_index(model, rows)] for name, rows in cases.items()}
     return out

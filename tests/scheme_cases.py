@@ -16,6 +16,7 @@ SCHEME_ARGS = {
     "xpos": lambda head_dim, heads: {"head_dim": head_dim},
     "axial_rope": lambda head_dim, heads: {"head_dim": head_dim, "grid_width": 3},  # 1-D positions read as a raster 3 patches wide
     "mrope": lambda head_dim, heads: {"head_dim": head_dim},  # 1-D positions are text: t = h = w
+    "pixtral_rope": lambda head_dim, heads: {"head_dim": head_dim, "grid_width": 3},
 }
 EXTRA_VARIANTS = [
     ("rope", {"layout": "interleaved"}),

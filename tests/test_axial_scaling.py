@@ -1,4 +1,5 @@
-"""Axial RoPE rescaled axis by axis (FiT's VisionNTK and VisionYaRN)."""
+"""Axial RoPE rescaled axis by axis (FiT's VisionNTK and VisionYaRN), and Pixtral's alternate rungs of one ladder
+(bit for bit with transformers' PixtralVisionRotaryEmbedding, live and frozen)."""
 
 import math
 
@@ -7,8 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hf_reference
+import hf_vl_reference as ref
 import posenc
-from posenc.qk import grid_positions, per_axis_factors, per_axis_frequencies
+from hf_reference import SOURCES
+from posenc.qk import PixtralRope, grid_positions, per_axis_factors, per_axis_frequencies
+from posenc.qk.axial import alternate_rung_frequencies
 from posenc.qk.rope_scaling import default_inv_freq, ntk_base, yarn_mscale
 
 SCALED = [("linear", {}), ("ntk", {}), ("yarn", {"original_max_position_embeddings": [6, 4]})]
@@ -93,8 +98,33 @@ def test_yarn_per_axis_scales_the_logits_by_the_temperature_squared():
     (lambda: posenc.AxialRope(32, factor=2.0), "rope_type 'default' does not accept ['factor']"),
     (lambda: per_axis_factors((16, 16), (32,)), "train_extents and test_extents must be lists of one extent per axis, of the same length"),
     (lambda: per_axis_factors((16, 0), (32, 8)), "train_extents[1] must be a positive integer"),
+    (lambda: PixtralRope(18), "head_dim must be a multiple of 4"),
 ])
 def test_bad_per_axis_arguments_are_named(call, words):
     with pytest.raises((ValueError, TypeError)) as info:
         call()
     assert words in str(info.value)
+
+
+# --- Pixtral ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=SOURCES)
+def hf(request):
+    return ref.frozen() if request.param == "frozen" else ref.compute()
+
+
+def test_pixtral_rope_is_transformers_pixtral_bit_for_bit(hf):
+    coords, expected = (torch.tensor(v) for v in hf["pixtral_rotation"])
+    x = hf_reference.rotation_input(ref.PIXTRAL_HEAD_DIM, coords.shape[1])
+    assert torch.equal(PixtralRope(ref.PIXTRAL_HEAD_DIM, numerics="transformers").transform_qk(x, coords), expected.float())
+    torch.testing.assert_close(PixtralRope(ref.PIXTRAL_HEAD_DIM).transform_qk(x, coords), expected.float(), atol=1e-6, rtol=0)
+
+
+def test_pixtral_rows_take_the_even_rungs_and_columns_the_odd_rungs_of_one_ladder():
+    ladder = default_inv_freq(32, 10000.0)
+    assert torch.equal(alternate_rung_frequencies(32), torch.cat((ladder[0::2], ladder[1::2])))
+    pixtral, axial = PixtralRope(32), posenc.AxialRope(32)
+    assert torch.equal(pixtral.inv_freq[:8], axial.inv_freq[:8])  # rows: axial RoPE's ladder
+    assert torch.allclose(pixtral.inv_freq[8:].double(), axial.inv_freq[8:].double() * 10000.0 ** (-2 / 32), rtol=1e-6)  # columns: one rung slower
+    assert pixtral.axis_of_pair.tolist() == [0] * 8 + [1] * 8

@@ -237,6 +237,39 @@ class AxialRope(MultiAxisRope):
         return f"head_dim={self.head_dim}, base={self.base:g}, sections={list(self.sections)}, layout={self.layout!r}{width}{scaled}"
 
 
+def alternate_rung_frequencies(head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Pixtral's 2-D frequencies: the one ladder base^(-2i/head_dim), its even rungs for rows, then its odd rungs for columns."""
+    ladder = default_inv_freq(positive_int("head_dim", head_dim, even=PAIRS), base, dtype)
+    return torch.cat((ladder[0::2], ladder[1::2]))
+
+
+@register
+class PixtralRope(AxialRope):
+    """Pixtral's 2-D RoPE: rows and columns share one ladder, rows on its even rungs and columns on its odd ones.
+
+    Where axial RoPE gives each axis the whole ladder of a head half as wide (rungs
+    base^(-4i/d_h)), Pixtral (Mistral AI, 2024; transformers' PixtralVisionRotaryEmbedding)
+    forms the ladder of the full head, base^(-2i/d_h), and deals its rungs out alternately:
+    rows turn with rungs 0, 2, 4, ... (the same frequencies as axial RoPE's), columns with
+    rungs 1, 3, 5, ..., each a factor base^(-2/d_h) slower than the row rung before it.
+    Rows take the first head_dim / 4 pairs, columns the rest; coordinates and grid_width
+    as AxialRope's.
+    """
+
+    name = "pixtral_rope"
+
+    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", numerics: str = "float64", grid_width: int | None = None):
+        super().__init__(head_dim, base, layout=layout, numerics=numerics, grid_width=grid_width)
+
+    @staticmethod
+    def frequencies(head_dim: int, sections, base: float, numerics: str, rope_type: str = "default", **rope_params) -> tuple[torch.Tensor, float]:
+        return alternate_rung_frequencies(head_dim, base, NUMERICS[numerics]), 1.0
+
+    def extra_repr(self) -> str:
+        width = "" if self.grid_width is None else f", grid_width={self.grid_width}"
+        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}{width}"
+
+
 def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
     """Qwen2-VL's proportions for any head: 3/8 of the pairs to height, 3/8 to width, the rest to time ((16, 24, 24) at 128)."""
     pairs = positive_int("head_dim", head_dim, even=PAIRS) // 2
