@@ -15,6 +15,8 @@ All backends agree, and return zeros, not NaN, for a query whose every key is ma
 from __future__ import annotations
 
 import math
+import os
+import sys
 import warnings
 from functools import lru_cache
 
@@ -140,6 +142,11 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def cpu_compiles_flex() -> bool:
+    """Whether torch's inductor can compile FlexAttention for this CPU: its own test (torch/_inductor/kernel/flex/flex_cpu.py)."""
+    return torch.cpu._is_avx2_supported() and os.environ.get("ATEN_CPU_CAPABILITY") != "default" and sys.platform != "darwin"
+
+
 def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -151,6 +158,12 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
                 f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
                 "backend='sdpa' or 'explicit'; on CUDA both flex backends train (under torch.no_grad() flex runs here)"
             )
+    if compiled and q.device.type == "cpu" and not cpu_compiles_flex():
+        raise ValueError(
+            f"backend='flex' compiles FlexAttention, which torch {torch.__version__} cannot do for the CPU here (it needs AVX2, "
+            f"ATEN_CPU_CAPABILITY other than 'default', and not macOS): use backend='flex_uncompiled' (the same results, slower), "
+            "'sdpa' or 'explicit'"
+        )
     score_mod = index_score_mod(scheme, positions, q)
     blocks = block_mask(scheme, positions, causal, q, k, mask)
     if compiled:

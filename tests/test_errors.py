@@ -74,3 +74,12 @@ def test_a_scheme_on_another_device_than_the_queries_is_named(scheme):
         message = str(info.value)
         assert f"scheme {scheme.name!r}" in message and "cpu" in message and "meta" in message and "scheme.to(q.device)" in message
     assert posenc.attention(X, X, X, scheme.to("cpu")).shape == X.shape  # on the queries' device it runs
+
+
+def test_compiled_flex_on_a_cpu_that_cannot_compile_it_is_refused_by_name(monkeypatch):
+    """Under ATEN_CPU_CAPABILITY=default (or without AVX2, or on macOS) inductor cannot lower FlexAttention for the CPU."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    q = torch.randn(1, 1, 8, 8)
+    with torch.no_grad(), pytest.raises(ValueError, match="backend='flex_uncompiled'"):
+        posenc.attention(q, q, q, posenc.SlidingWindow(2), backend="flex")
+    assert posenc.attention(q, q, q, posenc.SlidingWindow(2), backend="flex_uncompiled").shape == q.shape
