@@ -16,6 +16,7 @@ SCHEME_ARGS = {
     "xpos": lambda head_dim, heads: {"head_dim": head_dim},
     "axial_rope": lambda head_dim, heads: {"head_dim": head_dim, "grid_width": 3},  # 1-D positions read as a raster 3 patches wide
     "mrope": lambda head_dim, heads: {"head_dim": head_dim},  # 1-D positions are text: t = h = w
+    "pixtral_rope": lambda head_dim, heads: {"head_dim": head_dim, "grid_width": 3},
 }
 EXTRA_VARIANTS = [
     ("rope", {"layout": "interleaved"}),
@@ -34,6 +35,7 @@ EXTRA_VARIANTS = [
     ("rope", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "partial_rotary_factor": 0.5}),
     ("xpos", {"layout": "interleaved", "scale_base": 8.0}),
     ("axial_rope", {"layout": "interleaved", "grid_width": 4}),
+    ("axial_rope", {"grid_width": 4, "rope_type": "yarn", "factor": [2.0, 1.0], "original_max_position_embeddings": 4}),
     ("mrope", {"mrope_section": [4, 2, 2], "mrope_interleaved": True}),
     ("sliding_window", {"window": 3, "inner": posenc.XPos(16)}),
     ("sliding_window", {"window": 1}),

@@ -17,7 +17,7 @@ def copy_batches(vocab=12, length=16, batch=8):
     return batches
 
 
-MODEL_ARGS = {"sliding_window": {"window": 4, "inner": "rope"}, "axial_rope": {"grid_width": 4}}
+MODEL_ARGS = {"sliding_window": {"window": 4, "inner": "rope"}, "axial_rope": {"grid_width": 4}, "pixtral_rope": {"grid_width": 4}}
 
 
 @pytest.mark.parametrize("name", list(posenc.SCHEMES))
