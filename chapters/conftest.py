@@ -9,4 +9,5 @@ import tempfile
 os.environ.setdefault("PYTHONHASHSEED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # torch.compile's on-disk cache, fresh for each test run (tests/conftest.py says why)
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="posenc-inductor-"))
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # unset or empty (empty would put the cache in the working directory)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="posenc-inductor-")

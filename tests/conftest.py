@@ -6,7 +6,8 @@ import torch
 
 # torch.compile's on-disk cache, fresh for each test process and the kernels it starts: a stale cache left by another
 # run (another CPU code path, another build) once made compiled FlexAttention return wrong numbers here
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="posenc-inductor-"))
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # unset or empty (empty would put the cache in the working directory)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="posenc-inductor-")
 
 
 @pytest.fixture(autouse=True)
