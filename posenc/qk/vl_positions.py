@@ -52,19 +52,18 @@ def qwen2_5_vl_positions(parts, tokens_per_second: float = 2.0, start: int = 0) 
     current, pieces = non_negative_int("start", start), []
     for i, part in enumerate(parts):
         if _is_text(part):
-            ids = mrope_positions([positive_int(f"parts[{i}]", part)], start=current)
+            pieces.append(torch.arange(current, current + positive_int(f"parts[{i}]", part)).expand(3, -1))
         elif isinstance(part, (tuple, list)) and len(part) in (3, 4):
             t, h, w = (positive_int(f"parts[{i}][{k}]", n) for k, n in enumerate(part[:3]))
             if len(part) == 3 and t != 1:
                 raise ValueError(f"parts[{i}] = {tuple(part)} has t = {t}: an image has t = 1; give a video as (t, h, w, second_per_grid_t)")
-            ids = mrope_positions([(t, h, w)], start=current)  # Qwen2-VL's ids: temporal patch k at time current + k
-            if len(part) == 4:
-                seconds = positive_float(f"parts[{i}][3] (second_per_grid_t)", part[3])
-                ids[0] = current + ((ids[0] - current).double() * (seconds * tokens_per_second)).floor().long()
+            seconds = positive_float(f"parts[{i}][3] (second_per_grid_t)", part[3]) if len(part) == 4 else 0.0
+            times = (torch.arange(t, dtype=torch.float64) * (seconds * tokens_per_second)).floor().long()
+            grid = torch.stack(torch.meshgrid(times, torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
+            pieces.append(grid + current)
         else:
             raise TypeError(f"parts[{i}] must be an int (text tokens), a (1, h, w) image or a (t, h, w, second_per_grid_t) video, got {part!r}")
-        pieces.append(ids)
-        current = int(ids.max()) + 1
+        current = int(pieces[-1].max()) + 1
     if not pieces:
         raise ValueError("parts must list at least one text run or grid")
     return torch.cat(pieces, dim=1)
