@@ -116,6 +116,7 @@ def test_the_metadata_is_complete(tiny_run):
     commit = meta["git"]["commit"]
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
     assert meta["package_sha256"] == runinfo.source_sha256() and len(meta["package_sha256"]) == 64  # the code that made it, without git
+    assert meta["benchmarked_sha256"] == runinfo.benchmarked_sha256() != runinfo.source_sha256()  # the part a benchmark measures
     assert meta["timer"] == "time.perf_counter" and meta["baseline"] == {"scheme": "nope", "path": "sdpa_causal", "through": "posenc.attention, backend='sdpa'"}
     assert meta["budget"]["time_budget_s"] == TINY.time_budget_s and meta["baseline_backend"] == ["default"]
     assert bench.read_metadata(out, "tiny") == meta and bench.read_metadata(out, "no-such-preset") is None

@@ -1,7 +1,7 @@
 """Real text with no download: the Python standard library's own .py sources, as bytes.
 
-Every .py file of the running interpreter's standard library (site-packages and
-caches excepted) is read in sorted order and goes to train or validation as a
+Every .py file of the running interpreter's standard library (site-packages, caches and
+generated text excepted: `generated`) is read in sorted order and goes to train or validation as a
 whole (a hash of its relative path decides), so no file straddles the split and
 the split does not depend on which other files exist. `composition` says what the
 text is (bytes per top-level package and split). The size and a SHA-256 of the
@@ -43,15 +43,26 @@ class Corpus:
 
 # generated text, not code: pydoc's topic help (750 kB of English prose in one dict) would be a quarter of validation
 GENERATED = frozenset({"pydoc_data/topics.py"})
+# generated tables: the character-mapping codecs of `encodings` (about 70 files, 1.2 MB) are one template filled with
+# 256-entry tables, so a validation codec is a near-copy of the training ones
+CODEC_TABLE = b"Python Character Mapping Codec"
+
+
+def generated(path: Path, relative_path: str) -> bool:
+    """Generated text left out of the corpus: a GENERATED path, or a character-mapping codec table (by its docstring)."""
+    if relative_path in GENERATED:
+        return True
+    with path.open("rb") as f:
+        return CODEC_TABLE in f.read(200)
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
-    """Every .py file of the standard library (not site-packages, not caches, not GENERATED), sorted by relative path."""
+    """Every .py file of the standard library (not site-packages, not caches, not `generated`), sorted by relative path."""
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be a directory of Python sources, got {root}")
     skip = {"site-packages", "dist-packages", "__pycache__"}
-    files = (p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts) and p.relative_to(root).as_posix() not in GENERATED)
+    files = (p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts) and not generated(p, p.relative_to(root).as_posix()))
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 

@@ -10,7 +10,8 @@ scheme, seed and length):
   window of the longest length: bucket b of length n is scored with n's windows).
 * `sliding` (Press et al., Appendix B): the same K target bytes are predicted with a window
   of n bytes that slides by `stride`; each window scores only its last `stride` targets, so
-  every target sees between n - stride and n - 1 bytes of context. At n = L that is the
+  every target is predicted from between n - stride + 1 and n bytes (itself included, the
+  byte before it). At n = L that is the
   most a model trained at L has ever seen; a longer n only adds context far back.
 """
 
@@ -22,13 +23,18 @@ import torch.nn.functional as F
 from .._checks import positive_int
 
 
-def spaced_sequences(data: torch.Tensor, length: int, count: int) -> torch.Tensor:
-    """`count` evenly spaced, non-random slices of `length` bytes (int64), spanning the whole of `data`."""
+def spaced_starts(size: int, length: int, count: int) -> torch.Tensor:
+    """Where `count` evenly spaced slices of `length` bytes start in data of `size` bytes (the first at 0, the last at the end)."""
     positive_int("count", count)
     positive_int("length", length)
-    if len(data) < length:
-        raise ValueError(f"data of {len(data)} bytes is too short for {count} sequences of {length} bytes")
-    starts = torch.linspace(0, len(data) - length, count).long()
+    if size < length:
+        raise ValueError(f"data of {size} bytes is too short for {count} sequences of {length} bytes")
+    return torch.linspace(0, size - length, count).long()
+
+
+def spaced_sequences(data: torch.Tensor, length: int, count: int) -> torch.Tensor:
+    """`count` evenly spaced, non-random slices of `length` bytes (int64), spanning the whole of `data` (see spaced_starts)."""
+    starts = spaced_starts(len(data), length, count)
     return torch.stack([data[s : s + length] for s in starts.tolist()]).long()
 
 

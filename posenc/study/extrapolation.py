@@ -1,6 +1,6 @@
 """Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
 
-    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about 45 minutes
+    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about 90 minutes
     python -m posenc.study.extrapolation --preset colab    # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes on a T4, estimated)
     python -m posenc.study.extrapolation --preset gpu      # a larger model on one GPU
     torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu   # the same under DistributedDataParallel
@@ -12,7 +12,11 @@ that score the same target bytes at every length (posenc.study.evaluate: `matche
 `sliding`), and on passkey retrieval at every length and depth. The model trained with plain
 RoPE is then extended to 4L by fine-tuning on language-model data only (no passkey), with
 position interpolation, NTK-aware scaling, YaRN, and plain RoPE as the control, the same steps
-each; a YaRN at factor 8, fine-tuned at 4L, tests extension beyond the fine-tuning length.
+each; a YaRN at factor 8, fine-tuned at 4L, tests extension beyond the fine-tuning length, and
+the same text-only fine-tune at L (no rescaling) shows what the fine-tune alone does. Each
+trained model also records where its heads attend (`attention_profile`), and a preset's
+variations (`Variation`: 8 heads, another learning rate) train more models that change one
+thing. The byte n-gram baselines are scored on exactly the target bytes of each protocol.
 Results go to a tidy CSV (a row per measured number), a CSV of per-sequence values (for the
 bootstrap of posenc.study.summary) and a JSON of metadata, in posenc.study.results.results_dir()
 unless --out says otherwise; finished runs are skipped when the study is run again (pass --fresh
@@ -41,17 +45,18 @@ import torch
 import torch.distributed as dist
 
 from .corpus import load_corpus
-from .extrapolation_presets import PRESETS, SCHEMES, STEP_COSTS, Preset, StepCost, estimate, rescalings, run_counts, scheme_table, tiny
-from .extrapolation_runs import (COLUMNS, SEQUENCE_COLUMNS, Evaluation, World, build_model, join_world, lm_batch, run, train_model,
-                                 with_rope)
-from .ngram import ngram_baselines
+from .extrapolation_presets import (CONTROL_AT_L, PRESETS, SCHEMES, STEP_COSTS, Preset, StepCost, Variation, estimate, rescalings, run_counts,
+                                    scheme_table, tiny)
+from .extrapolation_runs import (COLUMNS, SEQUENCE_COLUMNS, Evaluation, World, attention_profile, build_model, join_world, lm_batch, run,
+                                 train_model, with_rope)
+from .ngram import byte_losses, ngram_baselines
 from .results import results_dir
 from .runinfo import git_state, load_average, run_metadata
 
 __all__ = [
-    "COLUMNS", "PRESETS", "SCHEMES", "SEQUENCE_COLUMNS", "STEP_COSTS", "Evaluation", "Preset", "StepCost", "World", "build_model",
-    "check", "estimate", "finished_runs", "join_world", "lm_batch", "main", "replace", "rescalings", "result_paths", "run",
-    "run_counts", "scheme_table", "study", "tiny", "train_model", "with_rope",
+    "COLUMNS", "CONTROL_AT_L", "PRESETS", "SCHEMES", "SEQUENCE_COLUMNS", "STEP_COSTS", "Evaluation", "Preset", "StepCost", "Variation",
+    "World", "attention_profile", "build_model", "check", "estimate", "finished_runs", "join_world", "lm_batch", "main",
+    "rescalings", "result_paths", "run", "run_counts", "scheme_table", "study", "tiny", "train_model", "with_rope",
 ]  # fmt: skip
 
 
@@ -116,7 +121,8 @@ def _run_in_worker(label: str, seed: int) -> tuple[str, int, list[dict], list[di
 def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False) -> tuple[Path, Path, Path]:
     """Run every (scheme, seed) not already in the results file; write the CSVs and the metadata JSON.
 
-    `labels` defaults to the preset's schemes (all of them where it names none). Under torchrun
+    `labels` defaults to the preset's schemes (all of them where it names none); the runs are
+    theirs and those of the preset's variations on them (`Preset.runs`). Under torchrun
     every process trains and evaluates its share; the first one writes the files.
     Otherwise `preset.jobs` processes train whole runs side by side (each run's numbers are the
     same as alone: a run depends on its preset and seed only, at a fixed thread count).
@@ -138,8 +144,8 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
                 path.unlink(missing_ok=True)
         done = finished_runs(csv_path)
         # plain RoPE first: its context extensions are the longest runs, and the first to look at
-        order = sorted(labels, key=lambda label: label != "rope")
-        todo = [(label, seed) for label in order for seed in preset.seeds if (label, seed) not in done]
+        runs = [(name, seed) for name, seed in preset.runs if name.partition(":")[0] in labels and (name, seed) not in done]
+        todo = sorted(runs, key=lambda r: r[0] != "rope")
         meta = json.loads(json_path.read_text()) if json_path.exists() else {}
         meta.update(run_metadata(preset.name, preset, device, torch.float32), **corpus.describe())
         meta.update(seeds=list(preset.seeds), world_size=world.size, jobs=preset.jobs if world.size == 1 else 1, sliding_stride=preset.sliding_stride)
@@ -148,6 +154,12 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
             baselines = ngram_baselines(corpus.train, corpus.valid)
             meta["ngram_baselines"] = {k: v["loss"] for k, v in baselines.items()}
             meta["ngram_add_k"] = {k: v["k"] for k, v in baselines.items()}
+            # the same bytes the models are scored on: per sequence of each protocol, paired with the models' own
+            targets = Evaluation(corpus, preset, World()).targets
+            per_byte = {k: byte_losses(corpus.train, corpus.valid, n, meta["ngram_add_k"][k]) for n, k in ((2, "bigram"), (3, "trigram"), (4, "4gram"))}
+            meta["ngram_targets"] = {proto: {k: " ".join(f"{v:.4f}" for v in losses[at].mean(1).tolist()) for k, losses in per_byte.items()}
+                                     for proto, at in targets.items()}
+            meta["ngram_on_targets"] = {proto: {k: round(float(losses[at].mean()), 4) for k, losses in per_byte.items()} for proto, at in targets.items()}
             meta["ngram_seconds"] = round(time.perf_counter() - start, 2)
         meta.setdefault("wall_seconds", {})
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -182,8 +194,8 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
         if world.main and not quiet:
             progress(len(todo), len(todo), "done")
     if world.main:
-        rank = {label: i for i, label in enumerate(scheme_table(preset))}
-        for path in (csv_path, seq_path):  # in the order of the scheme table and the seeds, however the runs finished
+        rank = {name: i for i, name in enumerate(dict.fromkeys(name for name, _ in preset.runs))}
+        for path in (csv_path, seq_path):  # in the order of the preset's runs and the seeds, however the runs finished
             _sort_rows(path, lambda r: (rank.get(r["run"], len(rank)), int(r["seed"])))
         meta["load_average_end"] = load_average()
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")

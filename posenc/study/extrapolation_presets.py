@@ -16,6 +16,30 @@ SCHEMES = ("nope", "sinusoidal", "learned", "shaw", "t5", "rope", "alibi", "wind
 
 
 @dataclass(frozen=True)
+class Variation:
+    """A run set that changes one thing of its preset (the head count, the learning rate) for some schemes and seeds.
+
+    Its runs are named "scheme:name" and train and evaluate like the preset's own (plain RoPE
+    without its context extensions); their rows carry the variation's name as their variant.
+    """
+
+    name: str
+    schemes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    num_heads: int | None = None
+    lr: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "schemes", tuple(self.schemes))
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        unknown = sorted(set(self.schemes) - set(SCHEMES))
+        if unknown or not self.schemes:
+            raise ValueError(f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, got {list(self.schemes)}")
+        if not self.name.isidentifier() or (self.num_heads, self.lr) == (None, None):
+            raise ValueError(f"a variation needs an identifier as its name and num_heads or lr to change, got {self!r}")
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     dim: int
@@ -44,11 +68,39 @@ class Preset:
     jobs: int = 1  # runs trained side by side in separate processes (one process, one run: the numbers do not depend on it)
     device: str = "cpu"
     schemes: tuple[str, ...] | None = None  # the schemes a study trains; None: all of SCHEMES
+    variations: tuple[Variation, ...] = ()  # run sets that change one thing (a stored preset gives them as dicts)
 
     def __post_init__(self):
         unknown = sorted(set(self.schemes or ()) - set(SCHEMES))
         if unknown:
             raise ValueError(f"unknown schemes {unknown}; choose from {sorted(SCHEMES)}")
+        object.__setattr__(self, "variations", tuple(v if isinstance(v, Variation) else Variation(**v) for v in self.variations))
+        changes = {}
+        for v in self.variations:  # one name, one change: a name may come back with more schemes or seeds
+            if changes.setdefault(v.name, (v.num_heads, v.lr)) != (v.num_heads, v.lr):
+                raise ValueError(f"variations named {v.name!r} change different things: {changes[v.name]} and {(v.num_heads, v.lr)}")
+        runs = self.runs
+        if len(set(runs)) < len(runs):
+            raise ValueError(f"a (run, seed) is listed twice in the variations of preset {self.name!r}")
+
+    @property
+    def runs(self) -> list[tuple[str, int]]:
+        """Every (run, seed) of a study: the schemes with the preset's seeds, then each variation's "scheme:name" runs."""
+        own = [(label, seed) for label in self.labels for seed in self.seeds]
+        return own + [(f"{label}:{v.name}", seed) for v in self.variations for label in v.schemes for seed in v.seeds]
+
+    def for_run(self, run: str) -> tuple[str, str, Preset]:
+        """(scheme label, variant, preset) of a run name: the variant is "trained" for the preset's own runs."""
+        label, _, name = run.partition(":")
+        if label not in SCHEMES:
+            raise ValueError(f"unknown scheme {label!r} in run {run!r}; choose from {sorted(SCHEMES)}")
+        if not name:
+            return label, "trained", self
+        variation = next((v for v in self.variations if v.name == name), None)
+        if variation is None:
+            raise ValueError(f"unknown variation {name!r} in run {run!r}; this preset has {[v.name for v in self.variations]}")
+        changes = {k: getattr(variation, k) for k in ("num_heads", "lr") if getattr(variation, k) is not None}
+        return label, name, replace(self, **changes, variations=())
 
     @property
     def sliding_stride(self) -> int:
@@ -64,20 +116,28 @@ class Preset:
         return tuple(s for s in SCHEMES if self.schemes is None or s in self.schemes)
 
 
-_CPU = Preset("cpu", dim=64, num_heads=2, num_layers=4, train_len=64, steps=2500, batch_size=32, lr=1e-2, seeds=(0, 1, 2),
+_CPU = Preset("cpu", dim=64, num_heads=2, num_layers=4, train_len=64, steps=2500, batch_size=32, lr=1e-2, seeds=(0, 1, 2, 3, 4),
               eval_sequences=128, sliding_sequences=128, passkey_batch=8, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
-              warmup=100, passkey_weight=0.25, threads=1, jobs=2)
+              warmup=100, passkey_weight=0.25, threads=1, jobs=2,
+              variations=(
+                  # what the results owe to two heads: 8 heads of 8, the same width and weights (ALiBi's slopes 1/2 ... 1/256)
+                  Variation("heads8", SCHEMES, (0,), num_heads=8),
+                  Variation("heads8", ("t5", "alibi"), (1, 2), num_heads=8),
+                  # does the ranking hinge on the learning rate? half and twice the peak, two schemes that rank apart past L
+                  Variation("lr_half", ("rope", "alibi"), (0,), lr=5e-3),
+                  Variation("lr_double", ("rope", "alibi"), (0,), lr=2e-2),
+              ))
 PRESETS = {
     # seconds: the tests and the chapter's live slice
     "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
                     eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
                     warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
-    # the committed results: this 2-core machine, two runs side by side on one thread each, about 45 minutes
+    # the committed results: this 2-core machine, two runs side by side on one thread each, about 90 minutes
     "cpu": _CPU,
     # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation, six schemes, seed 0; about 7 minutes
     # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU), plotted beside the stored cpu run
     "colab": replace(_CPU, name="colab", seeds=(0,), threads=None, jobs=1, device="cuda",
-                     schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope")),
+                     schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope"), variations=()),
     # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
     "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
                   eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
@@ -106,6 +166,9 @@ def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
         "window_rope": ("sliding_window", {"window": window, "inner": "rope"}),
         "window_nope": ("sliding_window", {"window": window}),
     }
+
+
+CONTROL_AT_L = "rope_at_L"  # plain RoPE fine-tuned like the extensions but at L: what the fine-tune alone does to the model
 
 
 def rescalings(preset: Preset) -> dict[str, dict]:
@@ -142,20 +205,26 @@ class StepCost:
 STEP_COSTS = {"t4": StepCost("t4", step_s=0.020, evaluation_s=2.0, fixed_s=45.0)}
 
 
-def run_counts(preset: Preset, label: str) -> tuple[int, int]:
-    """(optimizer steps, evaluations) of one run of `label`: plain RoPE adds its fine-tunes and their evaluations."""
-    if label != "rope":
+def run_counts(preset: Preset, run: str) -> tuple[int, int]:
+    """(optimizer steps, evaluations) of one run: plain RoPE (not a variation's) adds its fine-tunes and their evaluations.
+
+    Its fine-tunes are the extensions of `rescalings` and the control fine-tuned at L (CONTROL_AT_L);
+    a step at L moves the same bytes as one at 4L and is counted the same.
+    """
+    label, variant, _ = preset.for_run(run)
+    if label != "rope" or variant != "trained":
         return preset.steps, 1
     extensions = rescalings(preset)
     zero_shot = sum(1 for args in extensions.values() if args)
-    return preset.steps + len(extensions) * preset.finetune_steps, 1 + zero_shot + len(extensions)
+    fine_tunes = len(extensions) + 1
+    return preset.steps + fine_tunes * preset.finetune_steps, 1 + zero_shot + fine_tunes
 
 
 def estimate(preset: Preset, cost: str | StepCost = "t4", recorded: dict | None = None) -> dict:
     """Steps, evaluations and the seconds of a study of `preset` under `cost`; with `recorded` (a stored run's metadata),
     the recorded wall seconds of the same (scheme, seed) runs, their seconds per step, and the estimate's speed-up on them."""
     cost = STEP_COSTS[cost] if isinstance(cost, str) else cost
-    counts = {(label, seed): run_counts(preset, label) for label in preset.labels for seed in preset.seeds}
+    counts = {(run, seed): run_counts(preset, run) for run, seed in preset.runs}
     steps, evaluations = sum(s for s, _ in counts.values()), sum(e for _, e in counts.values())
     seconds = cost.fixed_s + steps * cost.step_s + evaluations * cost.evaluation_s
     out = {"preset": preset.name, "cost": cost.name, "runs": len(counts), "steps": steps, "evaluations": evaluations,

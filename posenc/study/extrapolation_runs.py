@@ -17,11 +17,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..core import attention
 from ..model import TinyTransformer
 from ..qk.rope import Rope
 from .corpus import VOCAB_SIZE, sample_windows
-from .evaluate import matched_losses, sliding_losses, spaced_sequences
-from .extrapolation_presets import Preset, rescalings, scheme_table
+from .evaluate import matched_losses, sliding_losses, spaced_starts
+from .extrapolation_presets import CONTROL_AT_L, Preset, rescalings, scheme_table
 from .passkey import passkey_correct, training_batches, test_batch
 from .tasks import IGNORE_INDEX
 
@@ -142,9 +143,15 @@ class Evaluation:
     def __init__(self, corpus, preset: Preset, world: World):
         self.preset, self.world = preset, world
         L, longest = preset.train_len, max(preset.eval_factors) * preset.train_len
-        self.matched = spaced_sequences(corpus.valid, longest + 1, preset.eval_sequences)
+        valid = corpus.valid
+        matched_at = spaced_starts(len(valid), longest + 1, preset.eval_sequences)
         # sliding: L targets after a context of the longest window, placed halfway between the matched sequences
-        self.sliding = spaced_sequences(corpus.valid[longest // 2 :], longest + L + 1, preset.sliding_sequences)
+        sliding_at = longest // 2 + spaced_starts(len(valid) - longest // 2, longest + L + 1, preset.sliding_sequences)
+        self.matched = torch.stack([valid[s : s + longest + 1] for s in matched_at.tolist()]).long()
+        self.sliding = torch.stack([valid[s : s + longest + L + 1] for s in sliding_at.tolist()]).long()
+        # where each protocol's target bytes sit in the validation split: the n-gram baselines score exactly these
+        self.targets = {"matched": matched_at[:, None] + torch.arange(1, longest + 1),
+                        "sliding": sliding_at[:, None] + torch.arange(longest + 1, longest + L + 1)}
         self.passkey_tests = {(f * L, d): test_batch(f * L, d, preset.passkey_count) for f in preset.eval_factors for d in preset.depths}
 
     def _mine(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,11 +200,64 @@ class Evaluation:
             seqs.append({"protocol": "passkey", "eval_len": n, "depth": depth, "values": "".join("1" if c else "0" for c in correct.tolist())})
         return rows, seqs
 
-    def __call__(self, model, buckets: bool = False) -> tuple[list[dict], list[dict]]:
+    def attention(self, model) -> list[dict]:
+        """Rows of `attention_profile` on the first window of every matched sequence, at every length the model takes."""
+        p, rows = self.preset, []
+        for factor in p.eval_factors:
+            n = factor * p.train_len
+            try:
+                profile = attention_profile(model, self.matched[:, :n], p.train_len)
+            except ValueError:  # a learned table has no row past its length
+                continue
+            rows += [{"protocol": "matched", "eval_len": n, **r} for r in profile]
+        return rows
+
+    def __call__(self, model, buckets: bool = False, attention: bool = False) -> tuple[list[dict], list[dict]]:
         lm_rows, lm_seqs = self.lm(model, buckets)
         pk_rows, pk_seqs = self.passkey(model)
         tag = lambda rows, task: [{"task": task, **r} for r in rows]  # noqa: E731
-        return tag(lm_rows, "lm") + tag(pk_rows, "passkey"), tag(lm_seqs, "lm") + tag(pk_seqs, "passkey")
+        at_rows = tag(self.attention(model), "attention") if attention and self.world.main else []
+        return tag(lm_rows, "lm") + tag(pk_rows, "passkey") + at_rows, tag(lm_seqs, "lm") + tag(pk_seqs, "passkey")
+
+
+@torch.no_grad()
+def attention_profile(model: TinyTransformer, windows: torch.Tensor, train_len: int, batch_size: int = 16) -> list[dict]:
+    """Where each head of each layer attends, for the last train_len/2 queries of `windows` (rows of n bytes).
+
+    Per layer and head (bucket "layer0.head1"), the mean over those queries of: the entropy of the
+    attention weights (metric "entropy", nats; ln of the number of keys for a uniform spread), the
+    weight on keys at least train_len bytes back ("far_mass": distances never seen in training) and
+    the weighted mean distance i - j ("mean_distance"). The weights are the explicit backend's,
+    computed from each block's own input and projections.
+    """
+    device = next(model.parameters()).device
+    n, first = windows.shape[1], windows.shape[1] - max(1, train_len // 2)
+    sums: dict[int, torch.Tensor] = {}
+
+    def capture(index):
+        def hook(block, args):
+            x, positions, mask = (*args, None)[:3]
+            batch, length, dim = x.shape
+            q, k, v = block.qkv(block.norm1(x)).view(batch, length, 3, block.num_heads, dim // block.num_heads).permute(2, 0, 3, 1, 4)
+            _, w = attention(q, k, v, block.scheme, causal=block.causal, mask=mask, q_positions=positions, k_positions=positions,
+                             backend="explicit", scale=block.scale, return_weights=True)
+            w = w[:, :, first:, :].double()  # (batch, heads, queries, keys)
+            distance = (torch.arange(first, n, device=w.device)[:, None] - torch.arange(n, device=w.device)).double()
+            stats = torch.stack((-torch.special.xlogy(w, w).sum(-1), (w * (distance >= train_len)).sum(-1), (w * distance).sum(-1)))
+            sums[index] = sums.get(index, 0) + stats.sum(dim=(1, 3)).cpu()  # (3, heads)
+        return hook
+
+    handles = [block.register_forward_pre_hook(capture(i)) for i, block in enumerate(model.blocks)]
+    try:
+        for at in range(0, len(windows), batch_size):
+            model(windows[at : at + batch_size].to(device))
+    finally:
+        for handle in handles:
+            handle.remove()
+    count = len(windows) * (n - first)
+    return [{"bucket": f"layer{layer}.head{head}", "metric": metric, "value": float(sums[layer][m, head] / count)}
+            for layer in sorted(sums) for head in range(sums[layer].shape[1])
+            for m, metric in enumerate(("entropy", "far_mass", "mean_distance"))]
 
 
 # --- one run: a scheme and a seed -------------------------------------------------------------------
@@ -212,10 +272,16 @@ def build_model(label: str, preset: Preset, device) -> TinyTransformer:
     return model.to(device)
 
 
-def run(label: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | None = None, world: World = World(), device=None) -> tuple[list[dict], list[dict]]:
-    """Train one scheme with one seed, evaluate it (and, for plain RoPE, its context extensions) at every length."""
+def run(name: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | None = None, world: World = World(), device=None) -> tuple[list[dict], list[dict]]:
+    """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it at every length.
+
+    The model trained with plain RoPE (not a variation's) then goes on to its context extensions
+    and to the control fine-tuned at L. A variation's preset differs only in what it changes; the
+    evaluation sequences and tests are the preset's own.
+    """
     device = torch.device(preset.device) if device is None else device
     evaluation = Evaluation(corpus, preset, world) if evaluation is None else evaluation
+    label, variant, preset = preset.for_run(name)
     L = preset.train_len
     torch.manual_seed(seed)
     model = build_model(label, preset, device)
@@ -229,25 +295,31 @@ def run(label: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | 
     losses = train_model(model, preset.steps, preset.lr, preset.warmup, mixed, world, device)
     rows, seqs = [], []
 
-    def record(variant_label, variant, m):
-        r, s = evaluation(m, buckets=variant == "trained")
+    def record(variant_label, variant, m, trained=False):
+        r, s = evaluation(m, buckets=variant == "trained", attention=trained)
         rows.extend({"scheme": variant_label, "variant": variant, **x} for x in r)
         seqs.extend({"scheme": variant_label, "variant": variant, **x} for x in s)
 
-    record(label, "trained", model)
+    record(label, variant, model, trained=True)
     tail = losses[-max(1, preset.steps // 20) :]
-    rows.append({"task": "lm+passkey", "scheme": label, "variant": "trained", "protocol": "train", "eval_len": L, "metric": "train_loss_end", "value": sum(tail) / len(tail)})
-    if label == "rope":
-        long_len = preset.finetune_factor * L
-        long_batch = max(1, preset.batch_size // preset.finetune_factor)
+    rows.append({"task": "lm+passkey", "scheme": label, "variant": variant, "protocol": "train", "eval_len": L, "metric": "train_loss_end", "value": sum(tail) / len(tail)})
+    if label == "rope" and variant == "trained":
+
+        def fine_tune(twin, length):  # text only, the same bytes a step at every length: batch x length
+            torch.manual_seed(seed)
+            rows_ = max(1, preset.batch_size * L // length)
+            train_model(twin, preset.finetune_steps, preset.finetune_lr, max(1, preset.warmup // 2),
+                        lambda step: [(*lm_batch(corpus.train, length, rows_, seed + 512, step), 1.0)], world, device)
+
         for variant_label, rope_args in rescalings(preset).items():
             twin = with_rope(model, **rope_args)
             if rope_args:
                 record(variant_label, "zero-shot", twin)
-            torch.manual_seed(seed)
-            train_model(twin, preset.finetune_steps, preset.finetune_lr, max(1, preset.warmup // 2),
-                        lambda step: [(*lm_batch(corpus.train, long_len, long_batch, seed + 512, step), 1.0)], world, device)
+            fine_tune(twin, preset.finetune_factor * L)
             record(variant_label, "fine-tuned", twin)
+        twin = with_rope(model)
+        fine_tune(twin, L)
+        record(CONTROL_AT_L, "fine-tuned", twin)
     full = [{"preset": preset.name, "seed": seed, "depth": "", "bucket": "", "note": "", **r} for r in rows]
     return full, [{"seed": seed, "depth": "", "bucket": "", **s} for s in seqs]
 

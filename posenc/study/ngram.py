@@ -62,6 +62,16 @@ def ngram_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.
     return -torch.log((joint + k) / (context + VOCAB * k))
 
 
+def byte_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01) -> torch.Tensor:
+    """Loss (nats) of every validation byte under an add-k byte n-gram, aligned with `valid`: entry t scores valid[t].
+
+    The first n-1 bytes take their missing context from newlines (the split is whole files, each
+    ending in one), so every byte has a loss: a model's target bytes index it directly.
+    """
+    context = torch.full((positive_int("n", n) - 1,), ord("\n"), dtype=valid.dtype)
+    return ngram_losses(train, torch.cat((context, valid)), n, k)
+
+
 def ngram_loss(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01) -> float:
     """Mean loss in nats per byte of an add-k byte n-gram (see ngram_losses)."""
     return float(ngram_losses(train, valid, n, k).mean())

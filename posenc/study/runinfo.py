@@ -38,16 +38,30 @@ def git_state() -> tuple[str | None, bool | None]:
     return git("rev-parse", "HEAD"), None if status is None else bool(status)
 
 
-def source_sha256(package: Path = PACKAGE) -> str:
-    """SHA-256 of posenc's source (every .py file under the package, by relative path and bytes).
+# what no benchmark number depends on: the extrapolation study's own modules, this metadata and the results folder
+NOT_BENCHMARKED = frozenset({
+    "study/corpus.py", "study/evaluate.py", "study/extrapolation.py", "study/extrapolation_presets.py", "study/extrapolation_runs.py",
+    "study/ngram.py", "study/passkey.py", "study/results.py", "study/runinfo.py", "study/summary.py", "study/tasks.py",
+})  # fmt: skip
+
+
+def source_sha256(package: Path = PACKAGE, leave_out: frozenset[str] = frozenset()) -> str:
+    """SHA-256 of posenc's source (every .py file under the package but `leave_out`, by relative path and bytes).
 
     The same wherever the same code is installed (a clone, or pip at a commit in Colab), with no git:
     a chapter compares it with the one its stored results record, to show they come from the code it prints.
     """
     digest = hashlib.sha256()
     for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        if path.relative_to(package).as_posix() not in leave_out:
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def benchmarked_sha256(package: Path = PACKAGE) -> str:
+    """The digest of the code a benchmark measures (`source_sha256` without NOT_BENCHMARKED): a change to the
+    extrapolation study leaves the benchmark's stored results the results of this code."""
+    return source_sha256(package, NOT_BENCHMARKED)
 
 
 def cpu_model() -> str:
@@ -121,6 +135,7 @@ def run_metadata(preset: str, config, device, dtype: torch.dtype) -> dict:
         },
         "git": {"commit": commit, "dirty": dirty},
         "package_sha256": source_sha256(),
+        "benchmarked_sha256": benchmarked_sha256(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

@@ -11,6 +11,7 @@ intervals are as narrow as the data allow. Intervals are the 2.5 and 97.5 percen
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pandas as pd
@@ -93,12 +94,19 @@ def bootstrap(sequences: pd.DataFrame, task: str = "lm", protocol: str = "matche
     return out
 
 
-def difference(sequences: pd.DataFrame, first: str, second: str, length: int, task: str = "lm", protocol: str = "matched",
+def difference(sequences: pd.DataFrame, first: str, second, length: int, task: str = "lm", protocol: str = "matched",
                replicates: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, lo, hi) of first minus second at one length, paired over the same sequences and seeds."""
+    """(mean, lo, hi) of first minus second at one length, paired over the same sequences and seeds.
+
+    `second` is a label, or one value per sequence that every seed shares (a baseline scored on
+    the same targets, such as an n-gram's loss of each sequence).
+    """
     labels, _, lengths, cube = _cube(sequences, task, protocol)
     rng = np.random.default_rng(seed)
-    diff = cube[labels.index(first), :, lengths.index(length)] - cube[labels.index(second), :, lengths.index(length)]  # (S, N)
+    reference = cube[labels.index(second), :, lengths.index(length)] if isinstance(second, str) else np.asarray(second, dtype=float)
+    if reference.shape[-1] != cube.shape[3]:
+        raise ValueError(f"second must be a label or one value per sequence ({cube.shape[3]}), got {reference.shape[-1]} values")
+    diff = cube[labels.index(first), :, lengths.index(length)] - reference  # (S, N)
     n_seeds, n_items = diff.shape
     seed_w, item_w = _draws(rng, n_seeds, n_items, replicates)
     boot = np.einsum("bs,si,bi->b", seed_w, diff, item_w)
@@ -132,3 +140,39 @@ def bucket_rise(sequences: pd.DataFrame, short: int, long: int, replicates: int 
     rows = [{"label": l, "bucket": b, "mean": point[i, k], "lo": np.percentile(boot[:, i, k], 2.5), "hi": np.percentile(boot[:, i, k], 97.5)}
             for i, l in enumerate(labels) for k, b in enumerate(buckets)]
     return pd.DataFrame(rows)
+
+
+# --- seed-level intervals -------------------------------------------------------------------------
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with df degrees of freedom (p in (0.5, 1)): its density integrated numerically."""
+    if not 0.5 < p < 1 or int(df) != df or df < 1:
+        raise ValueError(f"p must be in (0.5, 1) and df a positive integer, got p={p!r}, df={df!r}")
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    # t = sqrt(df) tan(u) maps [0, pi/2) onto [0, inf) and the density c (1 + t^2/df)^(-(df+1)/2) dt becomes
+    # c sqrt(df) cos(u)^(df - 1) du, smooth: the trapezoid rule on this grid is exact to about 1e-9
+    u = np.linspace(0.0, np.pi / 2, 200_001)
+    density = math.exp(log_c) * math.sqrt(df) * np.cos(u) ** (df - 1)
+    cdf = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(u))))
+    return float(math.sqrt(df) * np.tan(np.interp(p, cdf, u)))
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean of per-seed values and its Student-t interval (seeds as the sample)."""
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1 or len(values) < 2 or not np.isfinite(values).all():
+        raise ValueError(f"values must be two or more finite numbers (one per seed), got {values.tolist()}")
+    half = t_quantile(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values))
+    return float(values.mean()), float(values.mean() - half), float(values.mean() + half)
+
+
+def per_seed(sequences: pd.DataFrame, label: str, length: int, task: str = "lm", protocol: str = "matched", minus=None) -> pd.Series:
+    """The mean over the sequences of each seed (seed -> value), of `label` at one length, or of `label` minus `minus`
+    (a label, or one value per sequence that every seed shares), paired sequence by sequence."""
+    labels, seeds, lengths, cube = _cube(sequences, task, protocol)
+    if label not in labels or length not in lengths:
+        raise ValueError(f"label must be one of {labels} and length one of {lengths}, got {label!r} and {length!r}")
+    values = cube[labels.index(label), :, lengths.index(length)]
+    if minus is not None:
+        values = values - (cube[labels.index(minus), :, lengths.index(length)] if isinstance(minus, str) else np.asarray(minus, dtype=float))
+    return pd.Series(values.mean(axis=1), index=pd.Index(seeds, name="seed"), name=label)
