@@ -144,8 +144,13 @@ def test_one_training_step_per_scheme_and_evaluation_past_l(label, corpus):
     assert {p for _, _, p, _ in losses} == {"matched", "sliding"}
     assert {r["protocol"] for r in rows} >= {"matched", "sliding", "passkey"}
     if label == "rope":
-        assert {s for s, _, _, _ in losses} == set(xp.rescalings(TINY))
+        assert {s for s, _, _, _ in losses} == set(xp.rescalings(TINY)) | {xp.CONTROL_AT_L}
         assert {v for _, v, _, _ in losses} == {"trained", "zero-shot", "fine-tuned"}
+        assert {v for s, v, _, _ in losses if s == xp.CONTROL_AT_L} == {"fine-tuned"}
+    profile = [r for r in rows if r["task"] == "attention"]  # where the trained model's heads attend, at every length it takes
+    lengths = {TINY.train_len} if label == "learned" else {f * TINY.train_len for f in TINY.eval_factors}
+    assert {r["eval_len"] for r in profile} == lengths and {r["variant"] for r in profile} == {"trained"}
+    assert len(profile) == len(lengths) * TINY.num_layers * TINY.num_heads * 3
 
 
 def test_study_writes_the_results_contract_and_resumes(tmp_path):
@@ -224,7 +229,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     keys = ["task", "scheme", "variant", "protocol", "eval_len", "depth", "bucket", "metric"]
     assert one[keys].astype(str).equals(two[keys].astype(str))
     assert np.allclose(one.value, two.value, atol=1e-4, rtol=1e-4, equal_nan=True)
-    assert len(one) > 100 and one.scheme.nunique() == len(xp.rescalings(xp.PRESETS["smoke"]))
+    assert len(one) > 100 and one.scheme.nunique() == len(xp.rescalings(xp.PRESETS["smoke"])) + 1  # and the control at L
 
 
 def test_runs_side_by_side_write_what_one_process_writes(tmp_path):
@@ -248,11 +253,14 @@ def test_gpu_preset_runs_at_its_own_shapes(corpus):
 def test_colab_preset_is_the_cpu_model_with_fewer_runs_and_its_estimate_adds_up():
     """colab: the cpu preset's model, data, steps and evaluation, six schemes, seed 0, on CUDA; under 10 minutes by the stated T4 cost."""
     cpu, colab = xp.PRESETS["cpu"], xp.PRESETS["colab"]
-    assert replace(colab, name="cpu", seeds=cpu.seeds, threads=cpu.threads, jobs=cpu.jobs, device="cpu", schemes=None) == cpu
+    assert replace(colab, name="cpu", seeds=cpu.seeds, threads=cpu.threads, jobs=cpu.jobs, device="cpu", schemes=None,
+                   variations=cpu.variations) == cpu
     assert colab.device == "cuda" and colab.seeds == (0,) and "rope" in colab.labels and 3 <= len(colab.labels) < len(xp.SCHEMES)
+    assert colab.variations == () and colab.runs == [(label, 0) for label in colab.labels]
     cost, t4 = xp.estimate(colab), xp.STEP_COSTS["t4"]
-    steps = (len(colab.labels) - 1) * cpu.steps + cpu.steps + len(xp.rescalings(cpu)) * cpu.finetune_steps
-    evaluations = len(colab.labels) + 2 * len(xp.rescalings(cpu)) - 1  # rope: its model, 4 zero-shot and 5 fine-tuned extensions
+    fine_tunes = len(xp.rescalings(cpu)) + 1  # the extensions and the control at L
+    steps = (len(colab.labels) - 1) * cpu.steps + cpu.steps + fine_tunes * cpu.finetune_steps
+    evaluations = len(colab.labels) + (fine_tunes + len(xp.rescalings(cpu)) - 1)  # rope: 4 zero-shot and 6 fine-tuned evaluations more
     assert (cost["steps"], cost["evaluations"]) == (steps, evaluations)
     assert cost["estimate_s"] == round(t4.fixed_s + steps * t4.step_s + evaluations * t4.evaluation_s, 1) < 600
     meta = json.loads((ROOT / "chapters" / "results" / "extrapolation_cpu.json").read_text())
