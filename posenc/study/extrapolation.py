@@ -1,6 +1,6 @@
 """Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
 
-    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about 90 minutes
+    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about two hours
     python -m posenc.study.extrapolation --preset colab    # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes on a T4, estimated)
     python -m posenc.study.extrapolation --preset gpu      # a larger model on one GPU
     torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu   # the same under DistributedDataParallel

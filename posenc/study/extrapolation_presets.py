@@ -132,7 +132,7 @@ PRESETS = {
     "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
                     eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
                     warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
-    # the committed results: this 2-core machine, two runs side by side on one thread each, about 90 minutes
+    # the committed results: this 2-core machine, two runs side by side on one thread each, about two hours (126 minutes for the stored run)
     "cpu": _CPU,
     # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation, six schemes, seed 0; about 7 minutes
     # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU), plotted beside the stored cpu run
