@@ -7,16 +7,20 @@
 
 `posenc.attention` composes any scheme with queries, keys and values on one of its
 backends; `posenc.KVCache` decodes with it; `posenc.TinyTransformer` is a model that
-takes any scheme by name. Teaching measurements live in `posenc.desiderata`, the study
+takes any scheme by name, or one scheme per layer. `posenc.Layer` composes one layer's
+recipe (RoPE, a mask, sink logits, a query temperature, a logit cap), and
+`posenc.layer_schemes` builds every layer's from a transformers config (posenc.recipes). Teaching measurements live in `posenc.desiderata`, the study
 and benchmark machinery in `posenc.study`.
 """
 
 from .core import BACKENDS, attention
 from .cache import KVCache
 from .device import default_device
+from .layer import Layer
 from .input import LearnedAbsolute, RecurrentAbsolute, Sinusoidal, sinusoidal_encoding
 from .model import TinyTransformer, build_scheme, train
 from .qk import LAYOUTS, ROPE_TYPES, AxialRope, MRope, Rope, XPos, apply_rope, rope_frequencies
+from .recipes import layer_schemes
 from .scheme import HOOKS, SCHEMES, NoPE, Scheme, make_scheme, register
 from .score import ALiBi, Masked, ShawRelative, SlidingWindow, T5Bias, alibi_slopes, t5_relative_bucket
 
@@ -29,6 +33,7 @@ __all__ = [
     "HOOKS",
     "KVCache",
     "LAYOUTS",
+    "Layer",
     "LearnedAbsolute",
     "MRope",
     "Masked",
@@ -49,6 +54,7 @@ __all__ = [
     "attention",
     "build_scheme",
     "default_device",
+    "layer_schemes",
     "make_scheme",
     "register",
     "rope_frequencies",

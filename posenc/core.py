@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ._checks import choice
 from .kernel import bias_table, block_mask, index_score_mod, kept, mask_table
+from .layer import sink_factor, softcap_score_mod, softcapped
 from .positions import Positions
 from .scheme import NoPE, Scheme
 
@@ -76,12 +77,13 @@ def _zero_empty_rows(out: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0)
 
 
-def _resolve(q, k, scheme: Scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed: bool) -> Positions:
+def _resolve(q, k, scheme: Scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed: bool, documents=(None, None)) -> Positions:
     if q_coords is not None and k_coords is None and not keys_transformed and scheme.position_axes > 1:
         raise ValueError("q_coords needs k_coords (the keys' coordinates on the same axes), unless keys_transformed=True")
     return Positions.resolve(
         q_positions, k_positions, q.shape[2], k.shape[2], q.shape[0], q.device,
         q_coords=q_coords, k_coords=k_coords, axes=scheme.position_axes, keys_transformed=keys_transformed,
+        q_documents=documents[0], k_documents=documents[1],
     )
 
 
@@ -96,12 +98,17 @@ def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: floa
 
 
 def _explicit(q, k, v, scheme, positions, bias, allowed, scale):
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    scores = softcapped((q.float() @ k.float().transpose(-1, -2)) * scale, scheme.softcap)
     if bias is not None:
         scores = scores + bias
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    sinks = getattr(scheme, "sinks", None)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # one more logit per row, s_h, whose weight goes nowhere
+        column = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat((scores, column), dim=-1), dim=-1)[..., :-1]
     if allowed is not None:
         weights = _zero_empty_rows(weights, allowed)
     out = weights @ v.float()
@@ -118,9 +125,21 @@ def _float_mask(bias, allowed, dtype) -> torch.Tensor | None:
     return torch.where(allowed, torch.zeros((), dtype=torch.float32, device=allowed.device) if bias is None else bias, float("-inf")).to(dtype)
 
 
+def _with_sink_key(q, k, v, float_mask, sinks):
+    """k and v with one key of zeros appended, whose additive mask is the head's sink logit: sdpa's softmax with a sink."""
+    batch, heads, q_len = q.shape[0], q.shape[1], q.shape[2]
+    zeros = lambda t: t.new_zeros(t.shape[0], t.shape[1], 1, t.shape[3])  # noqa: E731
+    k, v = torch.cat((k, zeros(k)), dim=2), torch.cat((v, zeros(v)), dim=2)
+    body = torch.zeros((), dtype=q.dtype, device=q.device) if float_mask is None else float_mask
+    body = body.expand(batch, heads, q_len, k.shape[2] - 1)
+    column = sinks.to(q.dtype).view(1, -1, 1, 1).expand(batch, heads, q_len, 1)
+    return k, v, torch.cat((body, column), dim=-1)
+
+
 def _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows):
+    sinks = getattr(scheme, "sinks", None)
     plain_causal = causal and positions.is_default and mask is None and scheme.mask_mod is None and q.shape[2] == k.shape[2]
-    if bias is None and plain_causal:
+    if bias is None and plain_causal and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     allowed = _allowed(scheme, positions, causal, mask, q.device)
     if positions.key() is not None and mask is None and (bias is None or scheme.bias_is_constant):
@@ -130,8 +149,22 @@ def _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows):
         float_mask = kept(key + (scheme.mask_key(),), make) if bias is None else scheme.cached(key, make)
     else:
         float_mask = _float_mask(bias, allowed, q.dtype)
+    if sinks is not None:
+        k, v, float_mask = _with_sink_key(q, k, v, float_mask, sinks)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=scale)
     return _zero_empty_rows(out, allowed) if guard_rows and allowed is not None else out
+
+
+def _lse_request() -> dict:
+    """The keyword that makes FlexAttention return its log-sum-exp: return_aux (torch >= 2.9) or return_lse."""
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return {"return_lse": True}
+    return {"return_aux": AuxRequest(lse=True)}
+
+
+_LSE = _lse_request()
 
 
 @lru_cache(maxsize=None)
@@ -158,6 +191,12 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
                 f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
                 "backend='sdpa' or 'explicit'; on CUDA both flex backends train (under torch.no_grad() flex runs here)"
             )
+    if compiled and q.device.type == "cpu" and getattr(scheme, "sinks", None) is not None:
+        raise ValueError(
+            f"scheme {scheme.name!r} has sink logits, which FlexAttention applies through its log-sum-exp; compiled for the "
+            f"CPU, torch {torch.__version__} cannot return it: use backend='flex_uncompiled', 'sdpa' or 'explicit' here "
+            "(on CUDA, backend='flex' runs them)"
+        )
     if compiled and q.device.type == "cpu" and not cpu_compiles_flex():
         raise ValueError(
             f"backend='flex' compiles FlexAttention, which torch {torch.__version__} cannot do for the CPU here (it needs AVX2, "
@@ -165,13 +204,19 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
             "'sdpa' or 'explicit'"
         )
     score_mod = index_score_mod(scheme, positions, q)
+    if scheme.softcap is not None:
+        score_mod = softcap_score_mod(scheme.softcap, score_mod)
     blocks = block_mask(scheme, positions, causal, q, k, mask)
-    if compiled:
-        return compiled_flex_attention()(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
+    sinks = getattr(scheme, "sinks", None)
+    run = compiled_flex_attention() if compiled else flex_attention
     with warnings.catch_warnings():
         # uncompiled FlexAttention warns that it materialises the scores: that is what this backend is for
         warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
+        if sinks is None:
+            return run(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
+        out, lse = run(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale, **_LSE)
+    out, lse = (out, lse.lse) if hasattr(lse, "lse") else (out, lse)
+    return (out.float() * sink_factor(lse, sinks)).to(out.dtype)
 
 
 def attention(
@@ -186,6 +231,8 @@ def attention(
     k_positions=None,
     q_coords=None,
     k_coords=None,
+    q_documents=None,
+    k_documents=None,
     backend: str = "explicit",
     scale: float | None = None,
     return_weights: bool = False,
@@ -208,6 +255,10 @@ def attention(
     mask and any bias follow the 1-D positions (by default the order of the sequence);
     without k_coords, queries take the last q_len of them. A scheme whose mask lets a
     query see later keys (posenc.score.masks.prefix_lm, causal_with_blocks) needs causal=False.
+    `q_documents` and `k_documents` ((len,) or (batch, len) integers, both or neither) name each
+    token's document in a packed stream, as flash-attention's cu_seqlens do
+    (posenc.positions.packed turns those into positions and ids): a query sees only keys of
+    its own document, whatever the positions, so queries from several documents can decode together.
     Returns the output, or (output, weights) with `return_weights=True` (explicit only).
     """
     _check_qkv(q, k, v)
@@ -218,6 +269,11 @@ def attention(
     scheme.check_device(q.device)
     if return_weights and backend != "explicit":
         raise ValueError(f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights")
+    if scheme.softcap is not None and backend == "sdpa":
+        raise ValueError(
+            f"scheme {scheme.name!r} caps its logits (softcap={scheme.softcap:g}, cap * tanh(logit / cap)), which "
+            "backend='sdpa' cannot express: use backend='explicit' or 'flex'"
+        )
     if scheme.needs_weights and backend != "explicit":
         raise ValueError(
             f"scheme {scheme.name!r} adds a value term computed from the attention weights, which only backend='explicit' "
@@ -226,7 +282,7 @@ def attention(
     q_len, k_len = q.shape[2], k.shape[2]
     _check_mask(mask, q_len, k_len)
     _check_scheme_mask(scheme, causal, q.shape[0])
-    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed)
+    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed, (q_documents, k_documents))
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
 
     q = scheme.transform_qk(q, positions.query_positions())

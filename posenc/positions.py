@@ -102,6 +102,20 @@ def documents(positions: torch.Tensor) -> torch.Tensor | None:
     return torch.cat((torch.zeros_like(restart[..., :1]), restart), dim=-1).cumsum(-1)
 
 
+def packed(cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and document ids of documents packed in one stream, from flash-attention's cu_seqlens.
+
+    cu_seqlens = [0, n_0, n_0 + n_1, ...] (cumulative lengths, starting at 0) gives
+    positions 0..n_0-1, 0..n_1-1, ... and document ids 0, 1, ..., each of shape (total,).
+    """
+    cu = as_positions("cu_seqlens", cu_seqlens, integer=True)
+    if cu.ndim != 1 or len(cu) < 2 or int(cu[0]) != 0 or bool((cu[1:] <= cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be increasing cumulative lengths starting at 0, e.g. [0, 5, 12], got {cu.tolist()}")
+    lengths = cu[1:] - cu[:-1]
+    documents = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
+    return torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][documents], documents
+
+
 def _is_arange(p: torch.Tensor, start: int) -> bool:
     return p.ndim == 1 and torch.equal(p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype))
 
@@ -125,13 +139,19 @@ class Positions:
 
     @classmethod
     def resolve(
-        cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device, *, q_coords=None, k_coords=None, axes: int = 1, keys_transformed: bool = False
+        cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device, *, q_coords=None, k_coords=None, axes: int = 1,
+        keys_transformed: bool = False, q_documents=None, k_documents=None,
     ) -> Positions:
         """Check the given positions; positions equal to the default layout are recognised as it.
 
         Without q_coords, queries take the last q_len of k_coords, as in the default layout.
-        Keys already transformed (a KV cache) need no coordinates.
+        Keys already transformed (a KV cache) need no coordinates. Document ids given
+        explicitly replace the ones read from positions that restart at 0.
         """
+        if (q_documents is None) != (k_documents is None):
+            raise ValueError("q_documents and k_documents go together: give both (each token's document) or neither")
+        if q_documents is not None and q_positions is None and k_positions is None:
+            q_positions, k_positions = default_positions(q_len, k_len)  # documents make the layout explicit
         if q_positions is None and k_positions is None:
             default_positions(q_len, k_len)  # checks q_len <= k_len
             q = k = None
@@ -142,7 +162,7 @@ class Positions:
                 k_positions = dk if k_positions is None else k_positions
             q = _given("q_positions", q_positions, q_len, batch)
             k = _given("k_positions", k_positions, k_len, batch)
-            if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len):
+            if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len) and q_documents is None:
                 q = k = None
         k_coords = None if keys_transformed else axis_inputs("k_coords", k, k_coords, axes, k_len, batch)
         if q_coords is None and k_coords is not None:
@@ -150,7 +170,10 @@ class Positions:
                 raise ValueError(f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords")
             q_coords = k_coords[..., k_len - q_len :]
         q_coords = axis_inputs("q_coords", q, q_coords, axes, q_len, batch)
-        q_doc, k_doc = _documents(q, k)
+        if q_documents is None:
+            q_doc, k_doc = _documents(q, k)
+        else:
+            q_doc, k_doc = _given("q_documents", q_documents, q_len, batch), _given("k_documents", k_documents, k_len, batch)
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
         return cls(q_len, k_len, on(q), on(k), on(q_coords), on(k_coords), on(q_doc), on(k_doc))
 

@@ -58,6 +58,9 @@ class Scheme(nn.Module):
     sees_later_keys = False  # True where the mask lets a query see a later key (prefix LM): it runs with causal=False
     mask_rows: int | None = None  # batch size of a mask that differs between sequences, else None
     position_axes = 1  # axes of position its query/key transform reads: 2 for (row, col), 3 for (time, height, width)
+    softcap: float | None = None  # logits capped at +-softcap by cap * tanh(logit / cap) (Gemma 2), where set
+    # learned sink logits, one per head (posenc.layer.Layer(sinks=...)), are the parameter `sinks` where a scheme has
+    # them: not a class attribute here, which would hide an nn.Parameter of that name
 
     def register_float32_buffer(self, name: str, value: torch.Tensor) -> None:
         """A constant (frequencies, slopes) that stays float32 when the module is cast to bf16 or fp16.

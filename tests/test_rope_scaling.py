@@ -59,6 +59,7 @@ FACTOR_ONE = {
     "yarn": {"original_max_position_embeddings": 512},
     "llama3": {"original_max_position_embeddings": 512},
     "longrope": {"original_max_position_embeddings": 512, "short_factor": "ones", "long_factor": "ones"},  # ones: one per pair
+    "proportional": {"partial_rotary_factor": 1.0},  # the whole ladder turns
 }
 
 
@@ -180,9 +181,9 @@ def test_llama3_blend_is_continuous_at_its_band_edges(low, gap, factor):
     (lambda: posenc.rope_frequencies(64, rope_type="dynamic", factor=2.0), "rope_type 'dynamic' needs max_position_embeddings"),
     (lambda: posenc.rope_frequencies(64, rope_type="yarn", factor=4.0), "rope_type 'yarn' needs original_max_position_embeddings"),
     (lambda: posenc.rope_frequencies(64, rope_type="yarn", original_max_position_embeddings=4096), "needs factor, or max_position_embeddings"),
-    (lambda: posenc.rope_frequencies(64, rope_type="yarn", factor=4.0, original_max_position_embeddings=4096, beta_fast=1.0, beta_slow=1.0), "beta_fast must be above beta_slow"),
+    (lambda: posenc.rope_frequencies(64, rope_type="yarn", factor=4.0, original_max_position_embeddings=4096, beta_fast=1.0, beta_slow=2.0), "beta_fast must not be below beta_slow"),
     (lambda: posenc.rope_frequencies(64, rope_type="llama3", factor=8.0), "rope_type 'llama3' needs original_max_position_embeddings"),
-    (lambda: posenc.rope_frequencies(64, rope_type="llama3", factor=8.0, original_max_position_embeddings=8192, low_freq_factor=4.0, high_freq_factor=4.0), "low_freq_factor must be below high_freq_factor"),
+    (lambda: posenc.rope_frequencies(64, rope_type="llama3", factor=8.0, original_max_position_embeddings=8192, low_freq_factor=4.0, high_freq_factor=2.0), "low_freq_factor must not exceed high_freq_factor"),
     (lambda: posenc.rope_frequencies(64, rope_type="llama3", factor=8.0, original_max_position_embeddings=8192, beta_fast=3.0), "does not accept ['beta_fast']"),
     (lambda: posenc.Rope(64, rope_type="linear", factor=0.5), "factor must be a finite number >= 1.0"),
 ])

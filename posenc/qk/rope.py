@@ -49,7 +49,8 @@ def rope_frequencies(
     """Inverse frequencies theta_i, i < rotated/2, and the attention factor, for a `rope_type`.
 
     "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
-    "dynamic", "yarn", "longrope" and "llama3" rescale it (posenc.qk.rope_scaling;
+    "dynamic", "yarn", "longrope" and "llama3" rescale it, and "proportional" (p-RoPE)
+    truncates it (posenc.qk.rope_scaling;
     parameters named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
     like Hugging Face's RoPE init functions: inv_freq is float32 of length
     rotated/2, attention_factor multiplies cos and sin.
@@ -57,7 +58,8 @@ def rope_frequencies(
     `partial_rotary_factor` < 1 rotates only the first int(head_dim * factor) dimensions
     of each head (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): every schedule is
     then formed for that rotated width, which changes the NTK exponent d/(d - 2) and
-    YaRN's correction range, as in Hugging Face.
+    YaRN's correction range, as in Hugging Face. "proportional" reads the factor
+    itself: the whole head is paired, and the pairs past the fraction get frequency 0.
 
     `numerics="float64"` (the default) forms the frequencies in float64 and rounds once,
     so each is the float32 nearest the formula. `numerics="transformers"` forms them in
@@ -65,10 +67,14 @@ def rope_frequencies(
     differ by 1-3 ulps, which at position 131071 moves an angle by up to about 3e-2 rad.
     Use it to run a checkpoint trained with transformers exactly as it was trained.
     """
-    rotated = rotary_dim(head_dim, partial_rotary_factor)
     choice("numerics", numerics, tuple(NUMERICS))
     positive_float("base", base, minimum=1.0)
     accepted = rope_parameters(rope_type)
+    if "partial_rotary_factor" in accepted:  # a schedule that reads the factor itself (proportional) pairs the whole head
+        positive_int("head_dim", head_dim, even=PAIRS)
+        rotated, params = head_dim, {**params, "partial_rotary_factor": partial_rotary_factor}
+    else:
+        rotated = rotary_dim(head_dim, partial_rotary_factor)
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise TypeError(f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}")
@@ -149,11 +155,13 @@ def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     return pairs[..., 0], pairs[..., 1]
 
 
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", rotated_part: str = "first") -> torch.Tensor:
     """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, rotated/2).
 
     The first `rotated` = 2 * cos.shape[-1] dimensions of x are paired and rotated (all of
-    them unless the rotation is partial); the rest pass through, as in GPT-NeoX.
+    them unless the rotation is partial); the rest pass through, as in GPT-NeoX. With
+    `rotated_part="last"` the last ones rotate instead: the [nope | rope] heads of
+    DeepSeek's multi-head latent attention.
     Each product is rounded before the sum, as in Hugging Face's `q * cos + rotate_half(q) * sin`,
     so with the same cos and sin the result is bit-identical to it. Without gradients it is
     written into one output tensor with a single half-size scratch buffer (no rotate_half
@@ -164,6 +172,9 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     """
     rotated = 2 * cos.shape[-1]
     if rotated < x.shape[-1]:
+        if rotated_part == "last":
+            turned = rotate_pairs(x[..., -rotated:], cos, sin, layout)
+            return torch.cat((x[..., :-rotated].to(turned.dtype).expand(*turned.shape[:-1], -1), turned), -1)
         turned = rotate_pairs(x[..., :rotated], cos, sin, layout)
         return torch.cat((turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)), -1)
     x1, x2 = _pairs(x, layout)
@@ -180,8 +191,12 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     return out
 
 
+ROTATED_PARTS = ("first", "last")
+
+
 def apply_rope(
-    x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0, partial_rotary_factor: float = 1.0
+    x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0, partial_rotary_factor: float = 1.0,
+    rotated_part: str = "first",
 ) -> torch.Tensor:
     """Rotate each pair of dimensions of x by the angle position * theta_i.
 
@@ -194,9 +209,11 @@ def apply_rope(
     With `partial_rotary_factor` < 1 only the first int(head_dim * factor) dimensions
     rotate (paired within them, in either layout) and the rest pass through; inv_freq
     then has half that length (rope_frequencies with the same factor).
+    `rotated_part="last"` rotates the last int(head_dim * factor) dimensions instead.
     """
     _check_x(x)
     choice("layout", layout, LAYOUTS)
+    choice("rotated_part", rotated_part, ROTATED_PARTS)
     rotated = rotary_dim(x.shape[-1], partial_rotary_factor)
     if rotated == x.shape[-1]:
         same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
@@ -205,7 +222,7 @@ def apply_rope(
     positive_float("attention_factor", attention_factor)
     p = _broadcastable(as_positions("positions", positions, integer=False), x)
     cos, sin = rope_cos_sin(p, inv_freq, x, attention_factor)
-    return rotate_pairs(x, cos, sin, layout)
+    return rotate_pairs(x, cos, sin, layout, rotated_part)
 
 
 def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half") -> torch.Tensor:
@@ -286,7 +303,8 @@ class Rope(Scheme):
 
     `rope_type` and its parameters select a frequency schedule (see rope_frequencies);
     `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit;
-    `partial_rotary_factor` < 1 rotates only the first part of each head.
+    `partial_rotary_factor` < 1 rotates only part of each head: the first dimensions, or
+    with `rotated_part="last"` the last ones (DeepSeek's MLA heads, [nope | rope]).
     For positions 0..L-1 (what posenc.attention passes in the default layout) cos and sin
     come from a table kept per (length, device, dtype).
     """
@@ -294,9 +312,13 @@ class Rope(Scheme):
     name = "rope"
     hook = "qk"
 
-    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", rope_type: str = "default", numerics: str = "float64", **rope_params):
+    def __init__(
+        self, head_dim: int, base: float = 10000.0, layout: str = "half", rope_type: str = "default", numerics: str = "float64",
+        rotated_part: str = "first", **rope_params,
+    ):
         super().__init__()
         self.layout = choice("layout", layout, LAYOUTS)
+        self.rotated_part = choice("rotated_part", rotated_part, ROTATED_PARTS)
         self.rope_type, self.numerics = rope_type, numerics
         self.rope_params = dict(rope_params)
         inv_freq, attention_factor = rope_frequencies(head_dim, base, rope_type, numerics, **rope_params)
@@ -343,9 +365,10 @@ class Rope(Scheme):
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         _check_x(x)
         cos, sin = self.cos_sin(positions, x)
-        return rotate_pairs(x, cos, sin, self.layout)
+        return rotate_pairs(x, cos, sin, self.layout, self.rotated_part)
 
     def extra_repr(self) -> str:
         params = "".join(f", {k}={v}" for k, v in self.rope_params.items())
         numerics = "" if self.numerics == "float64" else f", numerics={self.numerics!r}"
-        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}{numerics}"
+        part = "" if self.rotated_part == "first" else f", rotated_part={self.rotated_part!r}"
+        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}{numerics}{part}"

@@ -135,8 +135,10 @@ def yarn(
         factor = positive_int("max_position_embeddings", max_position_embeddings) / original
     factor = _factor(factor)
     beta_fast, beta_slow = positive_float("beta_fast", beta_fast), positive_float("beta_slow", beta_slow)
-    if beta_fast <= beta_slow:
-        raise ValueError(f"beta_fast must be above beta_slow (rotations: fast pairs keep their frequency), got beta_fast={beta_fast}, beta_slow={beta_slow}")
+    if beta_fast < beta_slow:
+        raise ValueError(
+            f"beta_fast must not be below beta_slow (rotations: fast pairs keep their frequency; equal: a hard cut), got beta_fast={beta_fast}, beta_slow={beta_slow}"
+        )
     if attention_factor is None:
         if mscale and mscale_all_dim:
             attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
@@ -202,21 +204,49 @@ def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, origin
 
     Wavelengths shorter than original / high_freq_factor keep their frequency;
     longer than original / low_freq_factor are divided by `factor`; in between,
-    a blend linear in original / wavelength.
+    a blend linear in original / wavelength. With low_freq_factor == high_freq_factor
+    there is no band between: a hard cut at original / low_freq_factor (Llama 4 Scout
+    ships low = high = 1). Hugging Face computes that case too, its blend a 0/0 that
+    only a wavelength exactly on the cut would pick; here that one keeps its frequency.
     """
     factor = _factor(factor)
     original = _original(original_max_position_embeddings, "llama3")
     low, high = positive_float("low_freq_factor", low_freq_factor), positive_float("high_freq_factor", high_freq_factor)
-    if low >= high:
-        raise ValueError(f"low_freq_factor must be below high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}")
+    if low > high:
+        raise ValueError(f"low_freq_factor must not exceed high_freq_factor (equal: a hard cut), got low_freq_factor={low}, high_freq_factor={high}")
     inv_freq = default_inv_freq(head_dim, base, dtype)
     wavelength = 2 * math.pi / inv_freq
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    if low == high:
+        return scaled, 1.0
     smooth = (original / wavelength - low) / (high - low)
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelength >= original / high) & (wavelength <= original / low)
     return torch.where(is_medium, blended, scaled), 1.0
 
 
+def proportional(head_dim: int, base: float, dtype: torch.dtype, partial_rotary_factor: float = 1.0, factor: float = 1.0) -> tuple[torch.Tensor, float]:
+    """p-RoPE (Barbero et al., 2025), Gemma 4's global layers: the fastest part of the full ladder turns, the rest does not.
+
+    The first int(partial_rotary_factor * head_dim // 2) pairs keep theta_i = base^(-2i/head_dim),
+    the exponent over the *whole* head; every other pair gets frequency 0, so it never
+    turns (a NoPE channel). The whole head is paired, (i, i + head_dim/2) in the half
+    layout. Compare partial_rotary_factor in other rope_types, which rotates only the first
+    dimensions with a ladder compressed onto them: on Gemma 4's 512-wide head at 0.25 the
+    slowest turning pair has a wavelength of 188 tokens here, millions there.
+    `factor` divides every frequency, as in Hugging Face's `_compute_proportional_rope_parameters`.
+    """
+    fraction = positive_float("partial_rotary_factor", partial_rotary_factor, minimum=0.0, inclusive=True)
+    if fraction > 1.0:
+        raise ValueError(f"partial_rotary_factor must be in [0, 1] (the fraction of the ladder that turns), got {fraction}")
+    turning = int(fraction * head_dim // 2)
+    ladder = 1.0 / (base ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).to(dtype) / head_dim))
+    inv_freq = torch.cat((ladder, torch.zeros(head_dim // 2 - turning, dtype=dtype)))
+    return inv_freq / positive_float("factor", factor), 1.0
+
+
 # rope_type -> function(head_dim, base, dtype, **params) -> (inv_freq, attention_factor)
-ROPE_TYPES = {"default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "longrope": longrope, "llama3": llama3}
+ROPE_TYPES = {
+    "default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "longrope": longrope, "llama3": llama3,
+    "proportional": proportional,
+}

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import as_positions, non_negative_int, positive_int
-from ..scheme import MaskMod, NoPE, Scheme, register
+from ..layer import Layer
+from ..scheme import MaskMod, Scheme, register
 
 
 def causal(b, h, q_pos, k_pos):
@@ -44,13 +45,17 @@ class Mask:
 
     `sees_later_keys`: the mask lets some query see a key after it, so it states
     causality itself and is not combined with the causal mask. `rows`: the batch size of
-    a mask that differs between sequences (per-row block ids), else None.
+    a mask that differs between sequences (per-row block ids), else None. `window` and
+    `num_sinks`: the keys a causal window keeps and the sink positions beside it, which
+    a KV cache needs to roll (None and 0 for other masks).
     """
 
     mod: MaskMod
     key: Hashable
     sees_later_keys: bool = False
     rows: int | None = None
+    window: int | None = None
+    num_sinks: int = 0
 
     def __call__(self, b, h, q_pos, k_pos):
         return self.mod(b, h, q_pos, k_pos)
@@ -74,7 +79,8 @@ def sliding_window(window: int, num_sinks: int = 0) -> Mask:
     def sinks_mod(b, h, q_pos, k_pos):
         return (k_pos <= q_pos) & (k_pos >= 0) & (k_pos < num_sinks)
 
-    return Mask(or_masks(window_mod, sinks_mod) if num_sinks else window_mod, ("sliding_window", window, num_sinks))
+    mod = or_masks(window_mod, sinks_mod) if num_sinks else window_mod
+    return Mask(mod, ("sliding_window", window, num_sinks), window=window, num_sinks=num_sinks)
 
 
 def chunked(chunk_size: int) -> Mask:
@@ -187,55 +193,23 @@ def mask_matrix(mask_mod: MaskMod, q_positions, k_positions) -> torch.Tensor:
     return torch.as_tensor(mask_mod(zero, zero, q[:, None], k[None, :])).expand(len(q), len(k))
 
 
-class Masked(Scheme):
+class Masked(Layer):
     """An inner scheme (NoPE by default) with a mask over positions: `Masked(chunked(8192), Rope(128))` is Llama 4's local layer.
 
     The mask is one of this module's `Mask`s; the inner scheme keeps its own hook. A
     mask that lets queries see later keys (prefix_lm, causal_with_blocks) runs with
-    causal=False, and posenc.attention refuses causal=True for it.
+    causal=False, and posenc.attention refuses causal=True for it. It is the
+    posenc.layer.Layer with a mask and nothing else.
     """
 
     name = "masked"
-    hook = "score"
 
     def __init__(self, mask: Mask, inner: Scheme | None = None):
-        super().__init__()
         if not isinstance(mask, Mask):
             raise TypeError(f"mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, prefix_lm, causal_with_blocks), got {type(mask).__name__}")
-        if inner is not None and not isinstance(inner, Scheme):
-            raise TypeError(f"inner must be a posenc Scheme or None, got {type(inner).__name__}")
-        if isinstance(inner, Masked):
+        if isinstance(inner, Layer):
             raise ValueError(f"inner must not be another masked scheme ({inner.name}): combine the masks into one")
-        self.mask = mask
-        self.sees_later_keys, self.mask_rows = mask.sees_later_keys, mask.rows
-        self.inner = NoPE() if inner is None else inner
-        self.needs_weights, self.bias_is_constant, self.per_layer = self.inner.needs_weights, self.inner.bias_is_constant, self.inner.per_layer
-        self.position_axes = self.inner.position_axes
-
-    def mask_mod(self, b, h, q_pos, k_pos):
-        return self.mask(b, h, q_pos, k_pos)
-
-    def mask_key(self) -> Hashable:
-        return self.mask.key
-
-    @property
-    def score_mod(self):
-        return self.inner.score_mod
-
-    def embed(self, positions):
-        return self.inner.embed(positions)
-
-    def transform_qk(self, x, positions):
-        return self.inner.transform_qk(x, positions)
-
-    def transform_k(self, x, positions):
-        return self.inner.transform_k(x, positions)
-
-    def query_score_mod(self, q, positions):
-        return self.inner.query_score_mod(q, positions)
-
-    def value_term(self, weights, positions):
-        return self.inner.value_term(weights, positions)
+        super().__init__(inner, mask)
 
     def extra_repr(self) -> str:
         return f"mask={self.mask.key[0]}"
@@ -254,7 +228,6 @@ class SlidingWindow(Masked):
 
     def __init__(self, window: int, inner: Scheme | None = None, num_sinks: int = 0):
         super().__init__(sliding_window(window, num_sinks), inner)  # checks window and num_sinks
-        self.window, self.num_sinks = window, num_sinks
 
     def extra_repr(self) -> str:
         return f"window={self.window}" + (f", num_sinks={self.num_sinks}" if self.num_sinks else "")
