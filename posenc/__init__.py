@@ -19,10 +19,27 @@ from .device import default_device
 from .layer import Layer
 from .input import LearnedAbsolute, RecurrentAbsolute, Sinusoidal, sinusoidal_encoding
 from .model import TinyTransformer, build_scheme, train
-from .qk import LAYOUTS, ROPE_TYPES, AxialRope, MRope, Rope, XPos, apply_rope, rope_frequencies
+from .qk import (
+    LAYOUTS,
+    ROPE_TYPES,
+    AxialRope,
+    MRope,
+    Rope,
+    XPos,
+    apply_rope,
+    rope_frequencies,
+)
 from .recipes import layer_schemes
 from .scheme import HOOKS, SCHEMES, NoPE, Scheme, make_scheme, register
-from .score import ALiBi, Masked, ShawRelative, SlidingWindow, T5Bias, alibi_slopes, t5_relative_bucket
+from .score import (
+    ALiBi,
+    Masked,
+    ShawRelative,
+    SlidingWindow,
+    T5Bias,
+    alibi_slopes,
+    t5_relative_bucket,
+)
 
 __version__ = "0.2.0"
 

@@ -34,7 +34,9 @@ class KVCache:
     def __init__(self, scheme: Scheme | None = None):
         self.scheme = NoPE() if scheme is None else scheme
         if not isinstance(self.scheme, Scheme):
-            raise TypeError(f"scheme must be a posenc Scheme or None, got {type(scheme).__name__}: for a model's layers use KVCache.for_layers")
+            raise TypeError(
+                f"scheme must be a posenc Scheme or None, got {type(scheme).__name__}: for a model's layers use KVCache.for_layers"
+            )
         self.keys = self.values = self.positions = self.documents = None
 
     @classmethod
@@ -47,14 +49,18 @@ class KVCache:
         caches = []
         for i, scheme in enumerate(schemes):
             if not isinstance(scheme, Scheme):
-                raise TypeError(f"layer {i} is {scheme!r}, not an attention scheme: a KV cache holds keys and values of softmax attention layers only")
+                raise TypeError(
+                    f"layer {i} is {scheme!r}, not an attention scheme: a KV cache holds keys and values of softmax attention layers only"
+                )
             caches.append(cls(scheme))
         return caches
 
     def __len__(self) -> int:
         return 0 if self.positions is None else self.positions.shape[-1]
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, positions, coords=None, documents=None) -> None:
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor, positions, coords=None, documents=None
+    ) -> None:
         """Add keys and values (batch, heads, n, head_dim) at `positions`, (n,) or (batch, n); `coords` (axes, [batch,] n) for a multi-axis scheme.
 
         `documents` (the shape of positions) names each entry's document in a packed stream;
@@ -62,24 +68,51 @@ class KVCache:
         """
         p = as_positions("positions", positions, integer=True)
         p = p.reshape(-1) if p.ndim <= 1 else p
-        if k.ndim != 4 or k.shape != v.shape[:3] + (k.shape[3],) or k.shape[2] != p.shape[-1] or (p.ndim == 2 and p.shape[0] != k.shape[0]):
+        if (
+            k.ndim != 4
+            or k.shape != v.shape[:3] + (k.shape[3],)
+            or k.shape[2] != p.shape[-1]
+            or (p.ndim == 2 and p.shape[0] != k.shape[0])
+        ):
             raise ValueError(
                 f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (batch, heads, n, head_dim) with positions of shape (n,) or (batch, n); got positions {tuple(p.shape)}"
             )
         if self.positions is not None and p.ndim != self.positions.ndim:
-            raise ValueError(f"positions must keep one shape per cache: (n,) or (batch, n) throughout, got {tuple(p.shape)} after {tuple(self.positions.shape)}")
-        if (documents is None) != (self.documents is None) and self.positions is not None:
-            raise ValueError("documents must be given at every append or at none: the cache's entries need one document each")
+            raise ValueError(
+                f"positions must keep one shape per cache: (n,) or (batch, n) throughout, got {tuple(p.shape)} after {tuple(self.positions.shape)}"
+            )
+        if (documents is None) != (
+            self.documents is None
+        ) and self.positions is not None:
+            raise ValueError(
+                "documents must be given at every append or at none: the cache's entries need one document each"
+            )
         if documents is not None:
-            documents = as_positions("documents", documents, integer=True).reshape(p.shape).to(k.device)
+            documents = (
+                as_positions("documents", documents, integer=True)
+                .reshape(p.shape)
+                .to(k.device)
+            )
         self.scheme.check_device(k.device)
-        c = axis_inputs("coords", p, coords, self.scheme.position_axes, k.shape[2], k.shape[0])
+        c = axis_inputs(
+            "coords", p, coords, self.scheme.position_axes, k.shape[2], k.shape[0]
+        )
         k = self.scheme.transform_k(k, (p if c is None else c).to(k.device))
         if self.keys is None:
-            self.keys, self.values, self.positions, self.documents = k, v, p.to(k.device), documents
+            self.keys, self.values, self.positions, self.documents = (
+                k,
+                v,
+                p.to(k.device),
+                documents,
+            )
         else:
-            self.keys, self.values = torch.cat((self.keys, k), dim=2), torch.cat((self.values, v), dim=2)
-            self.positions = torch.cat((self.positions, p.to(self.positions.device)), dim=-1)
+            self.keys, self.values = (
+                torch.cat((self.keys, k), dim=2),
+                torch.cat((self.values, v), dim=2),
+            )
+            self.positions = torch.cat(
+                (self.positions, p.to(self.positions.device)), dim=-1
+            )
             if documents is not None:
                 self.documents = torch.cat((self.documents, documents), dim=-1)
         self._roll(k.shape[2])
@@ -91,18 +124,34 @@ class KVCache:
         recent = window - 1 + appended  # what the newest chunk's queries can still see
         if len(self) <= sinks + recent:
             return
-        is_sink = (self.positions >= 0) & (self.positions < sinks)  # positions 0..sinks-1, as in the mask
+        is_sink = (self.positions >= 0) & (
+            self.positions < sinks
+        )  # positions 0..sinks-1, as in the mask
         # with per-row positions (left padding) a row's sink sits at its own index: keep a slot any row needs,
         # the mask hides it from the rows for which it is neither a sink nor in the window
-        is_sink = (is_sink.any(0) if is_sink.ndim == 2 else is_sink).to(self.keys.device)
+        is_sink = (is_sink.any(0) if is_sink.ndim == 2 else is_sink).to(
+            self.keys.device
+        )
         is_sink[len(self) - recent :] = False
-        keep = torch.cat((is_sink.nonzero().flatten(), torch.arange(len(self) - recent, len(self), device=self.keys.device)))
-        self.keys, self.values = self.keys.index_select(2, keep), self.values.index_select(2, keep)
+        keep = torch.cat(
+            (
+                is_sink.nonzero().flatten(),
+                torch.arange(len(self) - recent, len(self), device=self.keys.device),
+            )
+        )
+        self.keys, self.values = (
+            self.keys.index_select(2, keep),
+            self.values.index_select(2, keep),
+        )
         self.positions = self.positions.index_select(-1, keep.to(self.positions.device))
         if self.documents is not None:
-            self.documents = self.documents.index_select(-1, keep.to(self.documents.device))
+            self.documents = self.documents.index_select(
+                -1, keep.to(self.documents.device)
+            )
 
-    def attend(self, q: torch.Tensor, positions, coords=None, documents=None, **kwargs) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, positions, coords=None, documents=None, **kwargs
+    ) -> torch.Tensor:
         """Attention of queries at `positions` ((n,) or (batch, n)), at `coords` where the scheme has several axes, against everything cached (causal by default).
 
         In a cache of packed documents, `documents` gives each query's document.
@@ -110,13 +159,46 @@ class KVCache:
         if self.keys is None:
             raise ValueError("the cache is empty: append keys and values first")
         if (documents is None) != (self.documents is None):
-            raise ValueError("the cached entries have documents, so the queries need theirs" if documents is None else "documents were given for the queries but not for the cached entries")
+            raise ValueError(
+                "the cached entries have documents, so the queries need theirs"
+                if documents is None
+                else "documents were given for the queries but not for the cached entries"
+            )
         p = as_positions("positions", positions, integer=True)
         p = p.reshape(-1) if p.ndim <= 1 else p
-        docs = {} if documents is None else {"q_documents": as_positions("documents", documents, integer=True).reshape(p.shape), "k_documents": self.documents}
-        return attention(q, self.keys, self.values, self.scheme, q_positions=p, k_positions=self.positions, q_coords=coords, keys_transformed=True, **docs, **kwargs)
+        docs = (
+            {}
+            if documents is None
+            else {
+                "q_documents": as_positions(
+                    "documents", documents, integer=True
+                ).reshape(p.shape),
+                "k_documents": self.documents,
+            }
+        )
+        return attention(
+            q,
+            self.keys,
+            self.values,
+            self.scheme,
+            q_positions=p,
+            k_positions=self.positions,
+            q_coords=coords,
+            keys_transformed=True,
+            **docs,
+            **kwargs,
+        )
 
-    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, coords=None, documents=None, **kwargs) -> torch.Tensor:
+    def step(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions,
+        coords=None,
+        documents=None,
+        **kwargs,
+    ) -> torch.Tensor:
         """Append a chunk's keys and values, then attend with its queries: one decoding or prefill step."""
         self.append(k, v, positions, coords, documents)
         return self.attend(q, positions, coords, documents, **kwargs)

@@ -37,22 +37,32 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.ndim != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must have shape (batch, heads, seq_len, head_dim), got {shape}")
+            raise ValueError(
+                f"{name} must have shape (batch, heads, seq_len, head_dim), got {shape}"
+            )
     if k.shape != v.shape[:-1] + (k.shape[-1],) or k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree on (batch, heads, seq_len): got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must agree on (batch, heads, seq_len): got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim")
+        raise ValueError(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must agree on batch, heads and head_dim"
+        )
 
 
 def _check_mask(mask, q_len: int, k_len: int) -> None:
     if mask is None:
         return
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise TypeError("mask must be a boolean tensor, True where a query may attend to a key")
+        raise TypeError(
+            "mask must be a boolean tensor, True where a query may attend to a key"
+        )
     try:
         torch.broadcast_shapes(mask.shape, (1, 1, q_len, k_len))
     except RuntimeError:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, {q_len}, {k_len})") from None
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to (batch, heads, {q_len}, {k_len})"
+        ) from None
 
 
 def _check_scheme_mask(scheme: Scheme, causal: bool, batch: int) -> None:
@@ -62,7 +72,9 @@ def _check_scheme_mask(scheme: Scheme, causal: bool, batch: int) -> None:
             "remove: pass causal=False (the mask is causal itself where it should be)"
         )
     if scheme.mask_rows is not None and scheme.mask_rows != batch:
-        raise ValueError(f"scheme {scheme.name!r} has a mask for a batch of {scheme.mask_rows} sequences, but q has batch {batch}")
+        raise ValueError(
+            f"scheme {scheme.name!r} has a mask for a batch of {scheme.mask_rows} sequences, but q has batch {batch}"
+        )
 
 
 def _allowed(scheme, positions, causal, mask, device) -> torch.Tensor | None:
@@ -77,19 +89,64 @@ def _zero_empty_rows(out: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(allowed.any(dim=-1, keepdim=True), out, 0.0)
 
 
-def _resolve(q, k, scheme: Scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed: bool, documents=(None, None)) -> Positions:
-    if q_coords is not None and k_coords is None and not keys_transformed and scheme.position_axes > 1:
-        raise ValueError("q_coords needs k_coords (the keys' coordinates on the same axes), unless keys_transformed=True")
+def _resolve(
+    q,
+    k,
+    scheme: Scheme,
+    q_positions,
+    k_positions,
+    q_coords,
+    k_coords,
+    keys_transformed: bool,
+    documents=(None, None),
+) -> Positions:
+    if (
+        q_coords is not None
+        and k_coords is None
+        and not keys_transformed
+        and scheme.position_axes > 1
+    ):
+        raise ValueError(
+            "q_coords needs k_coords (the keys' coordinates on the same axes), unless keys_transformed=True"
+        )
     return Positions.resolve(
-        q_positions, k_positions, q.shape[2], k.shape[2], q.shape[0], q.device,
-        q_coords=q_coords, k_coords=k_coords, axes=scheme.position_axes, keys_transformed=keys_transformed,
-        q_documents=documents[0], k_documents=documents[1],
+        q_positions,
+        k_positions,
+        q.shape[2],
+        k.shape[2],
+        q.shape[0],
+        q.device,
+        q_coords=q_coords,
+        k_coords=k_coords,
+        axes=scheme.position_axes,
+        keys_transformed=keys_transformed,
+        q_documents=documents[0],
+        k_documents=documents[1],
     )
 
 
-def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: float, *, q_coords=None, k_coords=None) -> torch.Tensor:
+def attention_logits(
+    q,
+    k,
+    scheme: Scheme,
+    q_positions,
+    k_positions,
+    scale: float,
+    *,
+    q_coords=None,
+    k_coords=None,
+) -> torch.Tensor:
     """Scores q.k * scale plus the scheme's bias, after its query/key transform; no mask. Float32."""
-    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed=False)
+    positions = _resolve(
+        q,
+        k,
+        scheme,
+        q_positions,
+        k_positions,
+        q_coords,
+        k_coords,
+        keys_transformed=False,
+    )
     q = scheme.transform_qk(q, positions.query_positions())
     k = scheme.transform_k(k, positions.key_positions())
     bias = bias_table(scheme, positions, q)
@@ -98,7 +155,9 @@ def attention_logits(q, k, scheme: Scheme, q_positions, k_positions, scale: floa
 
 
 def _explicit(q, k, v, scheme, positions, bias, allowed, scale):
-    scores = softcapped((q.float() @ k.float().transpose(-1, -2)) * scale, scheme.softcap)
+    scores = softcapped(
+        (q.float() @ k.float().transpose(-1, -2)) * scale, scheme.softcap
+    )
     if bias is not None:
         scores = scores + bias
     if allowed is not None:
@@ -122,7 +181,13 @@ def _float_mask(bias, allowed, dtype) -> torch.Tensor | None:
     """The bias with -inf where a key is masked, in the queries' dtype: SDPA's one additive mask."""
     if allowed is None:
         return None if bias is None else bias.to(dtype)
-    return torch.where(allowed, torch.zeros((), dtype=torch.float32, device=allowed.device) if bias is None else bias, float("-inf")).to(dtype)
+    return torch.where(
+        allowed,
+        torch.zeros((), dtype=torch.float32, device=allowed.device)
+        if bias is None
+        else bias,
+        float("-inf"),
+    ).to(dtype)
 
 
 def _with_sink_key(q, k, v, float_mask, sinks):
@@ -130,7 +195,11 @@ def _with_sink_key(q, k, v, float_mask, sinks):
     batch, heads, q_len = q.shape[0], q.shape[1], q.shape[2]
     zeros = lambda t: t.new_zeros(t.shape[0], t.shape[1], 1, t.shape[3])  # noqa: E731
     k, v = torch.cat((k, zeros(k)), dim=2), torch.cat((v, zeros(v)), dim=2)
-    body = torch.zeros((), dtype=q.dtype, device=q.device) if float_mask is None else float_mask
+    body = (
+        torch.zeros((), dtype=q.dtype, device=q.device)
+        if float_mask is None
+        else float_mask
+    )
     body = body.expand(batch, heads, q_len, k.shape[2] - 1)
     column = sinks.to(q.dtype).view(1, -1, 1, 1).expand(batch, heads, q_len, 1)
     return k, v, torch.cat((body, column), dim=-1)
@@ -138,15 +207,29 @@ def _with_sink_key(q, k, v, float_mask, sinks):
 
 def _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows):
     sinks = getattr(scheme, "sinks", None)
-    plain_causal = causal and positions.is_default and mask is None and scheme.mask_mod is None and q.shape[2] == k.shape[2]
+    plain_causal = (
+        causal
+        and positions.is_default
+        and mask is None
+        and scheme.mask_mod is None
+        and q.shape[2] == k.shape[2]
+    )
     if bias is None and plain_causal and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     allowed = _allowed(scheme, positions, causal, mask, q.device)
-    if positions.key() is not None and mask is None and (bias is None or scheme.bias_is_constant):
+    if (
+        positions.key() is not None
+        and mask is None
+        and (bias is None or scheme.bias_is_constant)
+    ):
         # nothing here depends on learned parameters: one additive mask per shape, device and dtype
         key = ("sdpa", positions.key(), causal, q.shape[1], q.device, q.dtype)
         make = lambda: _float_mask(bias, allowed, q.dtype)  # noqa: E731
-        float_mask = kept(key + (scheme.mask_key(),), make) if bias is None else scheme.cached(key, make)
+        float_mask = (
+            kept(key + (scheme.mask_key(),), make)
+            if bias is None
+            else scheme.cached(key, make)
+        )
     else:
         float_mask = _float_mask(bias, allowed, q.dtype)
     if sinks is not None:
@@ -177,7 +260,11 @@ def compiled_flex_attention():
 
 def cpu_compiles_flex() -> bool:
     """Whether torch's inductor can compile FlexAttention for this CPU: its own test (torch/_inductor/kernel/flex/flex_cpu.py)."""
-    return torch.cpu._is_avx2_supported() and os.environ.get("ATEN_CPU_CAPABILITY") != "default" and sys.platform != "darwin"
+    return (
+        torch.cpu._is_avx2_supported()
+        and os.environ.get("ATEN_CPU_CAPABILITY") != "default"
+        and sys.platform != "darwin"
+    )
 
 
 def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
@@ -185,13 +272,21 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
 
     if q.device.type == "cpu" and torch.is_grad_enabled():
         # torch's CPU FlexAttention has no backward; uncompiled, it still differentiates a captured table
-        learned = compiled and scheme.hook == "score" and any(p.requires_grad for p in scheme.parameters())
+        learned = (
+            compiled
+            and scheme.hook == "score"
+            and any(p.requires_grad for p in scheme.parameters())
+        )
         if learned or any(t.requires_grad for t in (q, k, v)):
             raise ValueError(
                 f"FlexAttention has no backward pass on the CPU in torch {torch.__version__}: to train on the CPU use "
                 "backend='sdpa' or 'explicit'; on CUDA both flex backends train (under torch.no_grad() flex runs here)"
             )
-    if compiled and q.device.type == "cpu" and getattr(scheme, "sinks", None) is not None:
+    if (
+        compiled
+        and q.device.type == "cpu"
+        and getattr(scheme, "sinks", None) is not None
+    ):
         raise ValueError(
             f"scheme {scheme.name!r} has sink logits, which FlexAttention applies through its log-sum-exp; compiled for the "
             f"CPU, torch {torch.__version__} cannot return it: use backend='flex_uncompiled', 'sdpa' or 'explicit' here "
@@ -211,10 +306,14 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
     run = compiled_flex_attention() if compiled else flex_attention
     with warnings.catch_warnings():
         # uncompiled FlexAttention warns that it materialises the scores: that is what this backend is for
-        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        warnings.filterwarnings(
+            "ignore", message=".*flex_attention called without torch.compile.*"
+        )
         if sinks is None:
             return run(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale)
-        out, lse = run(q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale, **_LSE)
+        out, lse = run(
+            q, k, v, score_mod=score_mod, block_mask=blocks, scale=scale, **_LSE
+        )
     out, lse = (out, lse.lse) if hasattr(lse, "lse") else (out, lse)
     return (out.float() * sink_factor(lse, sinks)).to(out.dtype)
 
@@ -265,10 +364,14 @@ def attention(
     choice("backend", backend, BACKENDS)
     scheme = _NOPE if scheme is None else scheme
     if not isinstance(scheme, Scheme):
-        raise TypeError(f"scheme must be a posenc Scheme (see posenc.make_scheme), got {type(scheme).__name__}")
+        raise TypeError(
+            f"scheme must be a posenc Scheme (see posenc.make_scheme), got {type(scheme).__name__}"
+        )
     scheme.check_device(q.device)
     if return_weights and backend != "explicit":
-        raise ValueError(f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights")
+        raise ValueError(
+            f"return_weights=True needs backend='explicit'; {backend!r} does not expose the weights"
+        )
     if scheme.softcap is not None and backend == "sdpa":
         raise ValueError(
             f"scheme {scheme.name!r} caps its logits (softcap={scheme.softcap:g}, cap * tanh(logit / cap)), which "
@@ -282,17 +385,38 @@ def attention(
     q_len, k_len = q.shape[2], k.shape[2]
     _check_mask(mask, q_len, k_len)
     _check_scheme_mask(scheme, causal, q.shape[0])
-    positions = _resolve(q, k, scheme, q_positions, k_positions, q_coords, k_coords, keys_transformed, (q_documents, k_documents))
+    positions = _resolve(
+        q,
+        k,
+        scheme,
+        q_positions,
+        k_positions,
+        q_coords,
+        k_coords,
+        keys_transformed,
+        (q_documents, k_documents),
+    )
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else float(scale)
 
     q = scheme.transform_qk(q, positions.query_positions())
     if not keys_transformed:
         k = scheme.transform_k(k, positions.key_positions())
     if backend in ("flex", "flex_uncompiled"):
-        return _flex(q, k, v, scheme, positions, causal, mask, scale, compiled=backend == "flex")
+        return _flex(
+            q, k, v, scheme, positions, causal, mask, scale, compiled=backend == "flex"
+        )
     bias = bias_table(scheme, positions, q)
     guard_rows = mask is not None or not positions.is_default
     if backend == "sdpa":
         return _sdpa(q, k, v, scheme, positions, bias, causal, mask, scale, guard_rows)
-    out, weights = _explicit(q, k, v, scheme, positions, bias, _allowed(scheme, positions, causal, mask, q.device), scale)
+    out, weights = _explicit(
+        q,
+        k,
+        v,
+        scheme,
+        positions,
+        bias,
+        _allowed(scheme, positions, causal, mask, q.device),
+        scale,
+    )
     return (out, weights) if return_weights else out

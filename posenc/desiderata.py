@@ -33,10 +33,20 @@ def content_vector(dim: int, seed: int = 0) -> torch.Tensor:
 
 def _width(scheme: Scheme, dim: int | None, num_heads: int | None) -> tuple[int, int]:
     """The content width and head count a scheme fixes (its dim or head_dim, its heads), else the defaults."""
-    inner = getattr(scheme, "inner", None)  # a sliding window takes its sizes from the scheme it wraps
-    own_dim = getattr(scheme, "dim", None) or getattr(scheme, "head_dim", None) or getattr(inner, "dim", None) or getattr(inner, "head_dim", None)
+    inner = getattr(
+        scheme, "inner", None
+    )  # a sliding window takes its sizes from the scheme it wraps
+    own_dim = (
+        getattr(scheme, "dim", None)
+        or getattr(scheme, "head_dim", None)
+        or getattr(inner, "dim", None)
+        or getattr(inner, "head_dim", None)
+    )
     own_heads = getattr(scheme, "num_heads", None) or getattr(inner, "num_heads", None)
-    for name, given, own in (("dim", dim, own_dim), ("num_heads", num_heads, own_heads)):
+    for name, given, own in (
+        ("dim", dim, own_dim),
+        ("num_heads", num_heads, own_heads),
+    ):
         if given is not None and own is not None and given != own:
             raise ValueError(f"{name}={given} does not match the scheme's {name} {own}")
     dim = positive_int("dim", dim or own_dim or 64)
@@ -44,7 +54,13 @@ def _width(scheme: Scheme, dim: int | None, num_heads: int | None) -> tuple[int,
 
 
 @torch.no_grad()
-def position_logits(scheme: Scheme, num_positions: int, dim: int | None = None, num_heads: int | None = None, seed: int = 0) -> torch.Tensor:
+def position_logits(
+    scheme: Scheme,
+    num_positions: int,
+    dim: int | None = None,
+    num_heads: int | None = None,
+    seed: int = 0,
+) -> torch.Tensor:
     """(num_heads, L, L) logits between positions 0..L-1 when every token has the same content.
 
     Input-hook schemes add their code to the content (x_i = u + p_i); query/key
@@ -83,14 +99,22 @@ def diagonal_spread(matrix: torch.Tensor, causal: bool = False) -> float:
     Zero exactly when matrix[i, j] depends on j - i alone: the test of a relative scheme.
     """
     n = matrix.shape[-1]
-    return max((matrix.diagonal(o, -2, -1).max() - matrix.diagonal(o, -2, -1).min()).item() for o in range(-n + 1, 1 if causal else n))
+    return max(
+        (matrix.diagonal(o, -2, -1).max() - matrix.diagonal(o, -2, -1).min()).item()
+        for o in range(-n + 1, 1 if causal else n)
+    )
 
 
 @torch.no_grad()
 def similarity_by_distance(logits: torch.Tensor) -> torch.Tensor:
     """Mean logit between a query and the key `d` positions before it, for d = 0..L-1 (averaged over heads)."""
     length = logits.shape[-1]
-    return torch.stack([logits.diagonal(offset=-d, dim1=-2, dim2=-1).double().mean() for d in range(length)]).float()
+    return torch.stack(
+        [
+            logits.diagonal(offset=-d, dim1=-2, dim2=-1).double().mean()
+            for d in range(length)
+        ]
+    ).float()
 
 
 def decay_score(curve: torch.Tensor) -> float:
@@ -115,14 +139,21 @@ def window_drift(logits: torch.Tensor, train_len: int) -> float:
     positive_int("train_len", train_len)
     length = logits.shape[-1]
     if length <= train_len:
-        raise ValueError(f"logits must cover more than train_len={train_len} positions, got {length}")
+        raise ValueError(
+            f"logits must cover more than train_len={train_len} positions, got {length}"
+        )
     ref = logits[:, train_len - 1, :train_len].double()
-    drift = [(logits[:, i, i - train_len + 1 : i + 1].double() - ref).norm() / ref.norm() for i in range(train_len, length)]
+    drift = [
+        (logits[:, i, i - train_len + 1 : i + 1].double() - ref).norm() / ref.norm()
+        for i in range(train_len, length)
+    ]
     return float(torch.stack(drift).max())
 
 
 @torch.no_grad()
-def far_attention(logits: torch.Tensor, train_len: int, mask: torch.Tensor | None = None) -> float:
+def far_attention(
+    logits: torch.Tensor, train_len: int, mask: torch.Tensor | None = None
+) -> float:
     """Attention weight the last query puts on keys at distance >= train_len (causal, averaged over heads).
 
     Distances never seen in training; uniform attention would put
@@ -139,7 +170,13 @@ def far_attention(logits: torch.Tensor, train_len: int, mask: torch.Tensor | Non
 
 
 @torch.no_grad()
-def desiderata(scheme: Scheme, train_len: int = 64, test_len: int = 256, dim: int | None = None, num_heads: int | None = None) -> dict[str, float]:
+def desiderata(
+    scheme: Scheme,
+    train_len: int = 64,
+    test_len: int = 256,
+    dim: int | None = None,
+    num_heads: int | None = None,
+) -> dict[str, float]:
     """The three measurements for one scheme, as one row of the table every chapter prints.
 
     `distinct` and `decay` are measured within the training length, `drift` and
@@ -148,11 +185,17 @@ def desiderata(scheme: Scheme, train_len: int = 64, test_len: int = 256, dim: in
     positive_int("train_len", train_len)
     positive_int("test_len", test_len)
     if test_len <= train_len:
-        raise ValueError(f"test_len must exceed train_len, got test_len={test_len}, train_len={train_len}")
+        raise ValueError(
+            f"test_len must exceed train_len, got test_len={test_len}, train_len={train_len}"
+        )
     long = position_logits(scheme, test_len, dim, num_heads)
     short = long[:, :train_len, :train_len]
     positions = torch.arange(test_len)
-    mask = None if scheme.mask_mod is None else mask_matrix(scheme.mask_mod, positions, positions)  # weights, not logits, see a window
+    mask = (
+        None
+        if scheme.mask_mod is None
+        else mask_matrix(scheme.mask_mod, positions, positions)
+    )  # weights, not logits, see a window
     return {
         "distinct": distinctness(short),
         "decay": decay_score(similarity_by_distance(short)),

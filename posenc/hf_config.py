@@ -24,8 +24,23 @@ POSITION_FIELD = re.compile(
 # multimodal configs whose language model is `text_config` (Llama 4, Gemma 3 and 4, Mistral 3 / Ministral 3)
 WRAPPERS = ("llama4", "gemma3", "gemma4", "mistral3")
 # rope_parameters keys each rope_type reads (beyond rope_type and rope_theta); the others are refused by name
-_ROPE_KEYS = {rope_type: set(rope_parameters(rope_type)) - {"seq_len"} for rope_type in ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")}
-_SCALED = ("llama3", "yarn", "longrope")  # types whose original_max_position_embeddings defaults to max_position_embeddings
+_ROPE_KEYS = {
+    rope_type: set(rope_parameters(rope_type)) - {"seq_len"}
+    for rope_type in (
+        "default",
+        "linear",
+        "dynamic",
+        "yarn",
+        "longrope",
+        "llama3",
+        "proportional",
+    )
+}
+_SCALED = (
+    "llama3",
+    "yarn",
+    "longrope",
+)  # types whose original_max_position_embeddings defaults to max_position_embeddings
 
 
 def as_dict(config) -> dict:
@@ -34,7 +49,9 @@ def as_dict(config) -> dict:
         return dict(config)
     if hasattr(config, "to_dict"):
         return config.to_dict()
-    raise TypeError(f"config must be a transformers config or the dict of a config.json, got {type(config).__name__}")
+    raise TypeError(
+        f"config must be a transformers config or the dict of a config.json, got {type(config).__name__}"
+    )
 
 
 class Fields:
@@ -43,8 +60,12 @@ class Fields:
     def __init__(self, config):
         fields = as_dict(config)
         if fields.get("model_type") in WRAPPERS:
-            if not isinstance(fields.get("text_config"), dict) and not hasattr(fields.get("text_config"), "to_dict"):
-                raise ValueError(f"a {fields['model_type']!r} config holds its language model in text_config, which is missing")
+            if not isinstance(fields.get("text_config"), dict) and not hasattr(
+                fields.get("text_config"), "to_dict"
+            ):
+                raise ValueError(
+                    f"a {fields['model_type']!r} config holds its language model in text_config, which is missing"
+                )
             fields = as_dict(fields["text_config"])
         self.fields, self.read = fields, {"model_type"}
         self.model_type = fields.get("model_type")
@@ -61,7 +82,9 @@ class Fields:
     def require(self, name: str):
         value = self.get(name)
         if value is None:
-            raise ValueError(f"a {self.model_type!r} config needs {name!r} (transformers cannot build the model without it)")
+            raise ValueError(
+                f"a {self.model_type!r} config needs {name!r} (transformers cannot build the model without it)"
+            )
         return value
 
     def ignore(self, *names: str) -> None:
@@ -69,7 +92,11 @@ class Fields:
         self.read.update(names)
 
     def check_understood(self) -> None:
-        unknown = sorted(k for k, v in self.fields.items() if v is not None and POSITION_FIELD.search(k) and k not in self.read)
+        unknown = sorted(
+            k
+            for k, v in self.fields.items()
+            if v is not None and POSITION_FIELD.search(k) and k not in self.read
+        )
         if unknown:
             raise ValueError(
                 f"posenc's recipe for model_type {self.model_type!r} does not understand the config field(s) {unknown}: it "
@@ -87,33 +114,66 @@ class Fields:
     def head_dim(self, default: int | None = None) -> int:
         """head_dim where the config has it, else `default`, else hidden_size // num_attention_heads."""
         head_dim = self.get("head_dim", default)
-        return int(head_dim) if head_dim is not None else int(self.require("hidden_size")) // self.num_heads
+        return (
+            int(head_dim)
+            if head_dim is not None
+            else int(self.require("hidden_size")) // self.num_heads
+        )
 
     def layer_types(self, default: list[str], accepted: tuple[str, ...]) -> list[str]:
         types = list(self.get("layer_types", default))
         if len(types) != self.num_layers:
-            raise ValueError(f"layer_types has {len(types)} entries for num_hidden_layers={self.num_layers}")
-        legacy = {"attention": "full_attention", "sliding": "sliding_attention", "mamba": "linear_attention"}
+            raise ValueError(
+                f"layer_types has {len(types)} entries for num_hidden_layers={self.num_layers}"
+            )
+        legacy = {
+            "attention": "full_attention",
+            "sliding": "sliding_attention",
+            "mamba": "linear_attention",
+        }
         types = [legacy.get(t, t) for t in types]
         for i, t in enumerate(types):
             if t not in accepted:
-                raise ValueError(f"layer_types[{i}] is {t!r}; posenc's {self.model_type!r} recipe knows {list(accepted)}")
+                raise ValueError(
+                    f"layer_types[{i}] is {t!r}; posenc's {self.model_type!r} recipe knows {list(accepted)}"
+                )
         return types
 
-    def flat_rope(self, default_theta: float = 10000.0, defaults: dict | None = None) -> dict:
+    def flat_rope(
+        self, default_theta: float = 10000.0, defaults: dict | None = None
+    ) -> dict:
         """One set of RoPE parameters for every layer: rope_scaling (old) or rope_parameters, with rope_theta and partial_rotary_factor."""
-        params = dict(self.get("rope_scaling") or self.get("rope_parameters") or defaults or {})
+        params = dict(
+            self.get("rope_scaling") or self.get("rope_parameters") or defaults or {}
+        )
         if self.nested(params):
-            raise ValueError(f"rope_parameters of a {self.model_type!r} config hold one set for every layer, got one per layer type: {sorted(params)}")
+            raise ValueError(
+                f"rope_parameters of a {self.model_type!r} config hold one set for every layer, got one per layer type: {sorted(params)}"
+            )
         params.setdefault("rope_theta", self.get("rope_theta", default_theta))
         if self.get("partial_rotary_factor") is not None:
-            params.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
+            params.setdefault(
+                "partial_rotary_factor", self.get("partial_rotary_factor")
+            )
         return params
 
     def nested(self, params: dict) -> bool:
-        return any(key in ("full_attention", "sliding_attention", "chunked_attention") for key in params)
+        return any(
+            key in ("full_attention", "sliding_attention", "chunked_attention")
+            for key in params
+        )
 
-    def rope(self, params: dict, head_dim: int, *, layout: str = "half", rotated_part: str = "first", partial: bool = False, truncate=None, extra=()) -> Rope:
+    def rope(
+        self,
+        params: dict,
+        head_dim: int,
+        *,
+        layout: str = "half",
+        rotated_part: str = "first",
+        partial: bool = False,
+        truncate=None,
+        extra=(),
+    ) -> Rope:
         """The Rope these parameters give, with transformers' float32 frequencies (numerics="transformers").
 
         `partial`: the family rotates part of each head where partial_rotary_factor < 1 (else a
@@ -122,30 +182,59 @@ class Fields:
         config). `extra`: keys the recipe reads itself (Mistral's llama_4_scaling_beta).
         """
         params = dict(params)
-        rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+        rope_type = (
+            params.pop("rope_type", None) or params.pop("type", None) or "default"
+        )
         params.pop("type", None)
         base = float(params.pop("rope_theta"))
         for key in extra:
             params.pop(key, None)
         if rope_type not in _ROPE_KEYS:
-            raise ValueError(f"rope_type {rope_type!r} of a {self.model_type!r} config is not one posenc builds ({sorted(_ROPE_KEYS)})")
+            raise ValueError(
+                f"rope_type {rope_type!r} of a {self.model_type!r} config is not one posenc builds ({sorted(_ROPE_KEYS)})"
+            )
         factor = params.pop("partial_rotary_factor", 1.0)
         if rope_type == "proportional":
             params["partial_rotary_factor"] = factor
         elif factor != 1.0 and not partial:
-            raise ValueError(f"partial_rotary_factor={factor} in a {self.model_type!r} config: this family's attention rotates whole heads")
-        unknown = sorted(set(params) - _ROPE_KEYS[rope_type] - {"max_position_embeddings"})
+            raise ValueError(
+                f"partial_rotary_factor={factor} in a {self.model_type!r} config: this family's attention rotates whole heads"
+            )
+        unknown = sorted(
+            set(params) - _ROPE_KEYS[rope_type] - {"max_position_embeddings"}
+        )
         if unknown:
-            raise ValueError(f"rope_parameters of a {self.model_type!r} config hold {unknown}, which rope_type {rope_type!r} does not read")
-        max_len = params.pop("max_position_embeddings", None) or self.get("max_position_embeddings")
+            raise ValueError(
+                f"rope_parameters of a {self.model_type!r} config hold {unknown}, which rope_type {rope_type!r} does not read"
+            )
+        max_len = params.pop("max_position_embeddings", None) or self.get(
+            "max_position_embeddings"
+        )
         if rope_type in _SCALED:
             params.setdefault("original_max_position_embeddings", max_len)
         if rope_type in ("dynamic", "yarn", "longrope") and max_len is not None:
             params["max_position_embeddings"] = int(max_len)
         if rope_type == "yarn":
-            params["beta_fast"] = params.get("beta_fast") or 32.0  # transformers' `or`: a 0 or null is the default
+            params["beta_fast"] = (
+                params.get("beta_fast") or 32.0
+            )  # transformers' `or`: a 0 or null is the default
             params["beta_slow"] = params.get("beta_slow") or 1.0
-            params["truncate"] = params.get("truncate", True) if truncate is None else truncate
+            params["truncate"] = (
+                params.get("truncate", True) if truncate is None else truncate
+            )
         params = {k: v for k, v in params.items() if v is not None}
-        kwargs = {"partial_rotary_factor": factor} if rope_type != "proportional" and factor != 1.0 else {}
-        return Rope(head_dim, base, layout, rope_type, "transformers", rotated_part, **kwargs, **params)
+        kwargs = (
+            {"partial_rotary_factor": factor}
+            if rope_type != "proportional" and factor != 1.0
+            else {}
+        )
+        return Rope(
+            head_dim,
+            base,
+            layout,
+            rope_type,
+            "transformers",
+            rotated_part,
+            **kwargs,
+            **params,
+        )

@@ -25,7 +25,9 @@ from .positions import Positions, index_grids
 from .scheme import MaskMod, Scheme, ScoreMod
 from .score.masks import and_masks, causal as causal_mod
 
-_MASKS: OrderedDict = OrderedDict()  # dense masks and block masks of the default layout, by what defines them
+_MASKS: OrderedDict = (
+    OrderedDict()
+)  # dense masks and block masks of the default layout, by what defines them
 _MASKS_KEPT = 8
 
 
@@ -39,7 +41,9 @@ def kept(key, make: Callable[[], object]):
     return _MASKS[key]
 
 
-def index_score_mod(scheme: Scheme, positions: Positions, q: torch.Tensor) -> ScoreMod | None:
+def index_score_mod(
+    scheme: Scheme, positions: Positions, q: torch.Tensor
+) -> ScoreMod | None:
     """The scheme's bias as FlexAttention's score_mod(score, b, h, q_idx, kv_idx), or None where it has none."""
     reads_queries = scheme.query_score_mod(q, positions)
     if reads_queries is not None:
@@ -54,9 +58,13 @@ def index_score_mod(scheme: Scheme, positions: Positions, q: torch.Tensor) -> Sc
     return score_mod
 
 
-def index_mask_mod(scheme: Scheme, positions: Positions, causal: bool) -> MaskMod | None:
+def index_mask_mod(
+    scheme: Scheme, positions: Positions, causal: bool
+) -> MaskMod | None:
     """Causal, the scheme's mask and packed documents, combined, as FlexAttention's mask_mod(b, h, q_idx, kv_idx); None: every key."""
-    mods = ([causal_mod] if causal else []) + ([scheme.mask_mod] if scheme.mask_mod is not None else [])
+    mods = ([causal_mod] if causal else []) + (
+        [scheme.mask_mod] if scheme.mask_mod is not None else []
+    )
     if not mods and positions.k_doc is None:
         return None
     mod = and_masks(*mods) if mods else None
@@ -76,12 +84,20 @@ def mask_rows(scheme: Scheme, positions: Positions) -> int:
     return max(positions.rows, scheme.mask_rows or 1)
 
 
-def _mask_key(scheme: Scheme, positions: Positions, causal: bool, device) -> tuple | None:
+def _mask_key(
+    scheme: Scheme, positions: Positions, causal: bool, device
+) -> tuple | None:
     layout = positions.key()
-    return None if layout is None else (causal, scheme.mask_key(), layout, torch.device(device))
+    return (
+        None
+        if layout is None
+        else (causal, scheme.mask_key(), layout, torch.device(device))
+    )
 
 
-def bias_table(scheme: Scheme, positions: Positions, q: torch.Tensor) -> torch.Tensor | None:
+def bias_table(
+    scheme: Scheme, positions: Positions, q: torch.Tensor
+) -> torch.Tensor | None:
     """The dense float32 bias, broadcastable to (batch, heads, q_len, k_len), or None: the one definition on index grids."""
     batch, heads = q.shape[0], q.shape[1]
 
@@ -89,17 +105,25 @@ def bias_table(scheme: Scheme, positions: Positions, q: torch.Tensor) -> torch.T
         mod = index_score_mod(scheme, positions, q)
         if mod is None:
             return None
-        b, h, q_idx, kv_idx = index_grids(batch, heads, positions.q_len, positions.k_len, q.device)
+        b, h, q_idx, kv_idx = index_grids(
+            batch, heads, positions.q_len, positions.k_len, q.device
+        )
         zero = torch.zeros((), dtype=torch.float32, device=q.device)
         return mod(zero, b, h, q_idx, kv_idx).float()
 
-    constant = scheme.bias_is_constant and scheme.score_mod is not None and positions.key() is not None
+    constant = (
+        scheme.bias_is_constant
+        and scheme.score_mod is not None
+        and positions.key() is not None
+    )
     if not constant:
         return evaluate()
     return scheme.cached(("bias", positions.key(), heads, q.device), evaluate)
 
 
-def mask_table(scheme: Scheme, positions: Positions, causal: bool, device) -> torch.Tensor | None:
+def mask_table(
+    scheme: Scheme, positions: Positions, causal: bool, device
+) -> torch.Tensor | None:
     """The dense boolean mask, (batch or 1, 1, q_len, k_len), True where a query may attend; None: every key."""
 
     def evaluate():
@@ -107,14 +131,25 @@ def mask_table(scheme: Scheme, positions: Positions, causal: bool, device) -> to
         if mod is None:
             return None
         rows = mask_rows(scheme, positions)
-        b, h, q_idx, kv_idx = index_grids(rows, 1, positions.q_len, positions.k_len, device)
-        return mod(b, h, q_idx, kv_idx).expand(rows, 1, positions.q_len, positions.k_len)
+        b, h, q_idx, kv_idx = index_grids(
+            rows, 1, positions.q_len, positions.k_len, device
+        )
+        return mod(b, h, q_idx, kv_idx).expand(
+            rows, 1, positions.q_len, positions.k_len
+        )
 
     key = _mask_key(scheme, positions, causal, device)
     return evaluate() if key is None else kept(("dense",) + key, evaluate)
 
 
-def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None):
+def block_mask(
+    scheme: Scheme,
+    positions: Positions,
+    causal: bool,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None,
+):
     """FlexAttention's BlockMask for the call, or None where every key is visible.
 
     In the default layout, without a user mask, it is built once per (shape, device,
@@ -131,16 +166,26 @@ def block_mask(scheme: Scheme, positions: Positions, causal: bool, q: torch.Tens
             return full[b, h, q_idx, kv_idx]
 
         with_given = given if mod is None else and_masks(mod, given)
-        return create_block_mask(with_given, batch, q.shape[1], q_len, k_len, device=q.device.type)
+        return create_block_mask(
+            with_given, batch, q.shape[1], q_len, k_len, device=q.device.type
+        )
     if mod is None:
         return None
     rows = batch if mask_rows(scheme, positions) > 1 else None
     key = _mask_key(scheme, positions, causal, q.device)
-    build = lambda: create_block_mask(mod, rows, None, q_len, k_len, device=q.device.type)  # noqa: E731
+    build = lambda: create_block_mask(
+        mod, rows, None, q_len, k_len, device=q.device.type
+    )  # noqa: E731
     return build() if key is None else kept(("block",) + key, build)
 
 
-def bias_matrix(scheme: Scheme, q_positions, k_positions, num_heads: int | None = None, q: torch.Tensor | None = None) -> torch.Tensor | None:
+def bias_matrix(
+    scheme: Scheme,
+    q_positions,
+    k_positions,
+    num_heads: int | None = None,
+    q: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """The dense bias a score scheme adds for explicit 1-D positions: (num_heads, len(q), len(k)), or None.
 
     The same evaluation of the one definition that posenc.attention uses, on the
@@ -148,18 +193,34 @@ def bias_matrix(scheme: Scheme, q_positions, k_positions, num_heads: int | None 
     `num_heads`, else 1. For a scheme whose bias reads the queries (Shaw), pass q
     (batch, heads, q_len, head_dim) and get (batch or 1, heads, q_len, k_len).
     """
-    heads = num_heads or getattr(scheme, "num_heads", None) or getattr(getattr(scheme, "inner", None), "num_heads", None) or 1
-    q_pos, k_pos = as_positions("q_positions", q_positions, integer=True), as_positions("k_positions", k_positions, integer=True)
+    heads = (
+        num_heads
+        or getattr(scheme, "num_heads", None)
+        or getattr(getattr(scheme, "inner", None), "num_heads", None)
+        or 1
+    )
+    q_pos, k_pos = (
+        as_positions("q_positions", q_positions, integer=True),
+        as_positions("k_positions", k_positions, integer=True),
+    )
     if q_pos.ndim != 1 or k_pos.ndim != 1:
         raise ValueError(
             f"bias_matrix takes 1-D positions, (len(q),) and (len(k),); got q_positions {tuple(q_pos.shape)} and k_positions "
             f"{tuple(k_pos.shape)}: for per-row positions (batch, L) call it once per row, or posenc.attention with "
             "backend='explicit' and return_weights=True"
         )
-    device = next(iter([*scheme.parameters(), *scheme.buffers()]), torch.zeros(())).device  # where the scheme's tables live
+    device = next(
+        iter([*scheme.parameters(), *scheme.buffers()]), torch.zeros(())
+    ).device  # where the scheme's tables live
     like = torch.zeros(1, heads, len(q_pos), 1, device=device) if q is None else q
-    positions = Positions.resolve(q_pos, k_pos, len(q_pos), len(k_pos), like.shape[0], like.device)
+    positions = Positions.resolve(
+        q_pos, k_pos, len(q_pos), len(k_pos), like.shape[0], like.device
+    )
     table = bias_table(scheme, positions, like)
     if table is None:
         return None
-    return table.expand(like.shape[0], like.shape[1], len(q_pos), len(k_pos))[0] if q is None else table
+    return (
+        table.expand(like.shape[0], like.shape[1], len(q_pos), len(k_pos))[0]
+        if q is None
+        else table
+    )

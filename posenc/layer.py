@@ -95,26 +95,42 @@ class Layer(Scheme):
         from .score.masks import Mask
 
         if inner is not None and not isinstance(inner, Scheme):
-            raise TypeError(f"inner must be a posenc Scheme or None, got {type(inner).__name__}")
+            raise TypeError(
+                f"inner must be a posenc Scheme or None, got {type(inner).__name__}"
+            )
         if isinstance(inner, Layer):
-            raise ValueError(f"inner must not be another composed layer ({inner.name}): give its parts to one Layer")
+            raise ValueError(
+                f"inner must not be another composed layer ({inner.name}): give its parts to one Layer"
+            )
         if mask is not None and not isinstance(mask, Mask):
             raise TypeError(
                 "mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, "
                 f"prefix_lm, causal_with_blocks) or None, got {type(mask).__name__}"
             )
         if temperature is not None and not isinstance(temperature, LogFloorTemperature):
-            raise TypeError(f"temperature must be a posenc.layer.LogFloorTemperature or None, got {type(temperature).__name__}")
+            raise TypeError(
+                f"temperature must be a posenc.layer.LogFloorTemperature or None, got {type(temperature).__name__}"
+            )
         self.inner = NoPE() if inner is None else inner
         if temperature is not None and self.inner.position_axes > 1:
-            raise ValueError("a query temperature reads 1-D positions; this inner scheme reads several axes")
+            raise ValueError(
+                "a query temperature reads 1-D positions; this inner scheme reads several axes"
+            )
         self.mask = mask
         self.query_scale = positive_float("query_scale", query_scale)
         self.temperature = temperature
         self.softcap = None if softcap is None else positive_float("softcap", softcap)
-        self.sinks = None if sinks is None else nn.Parameter(torch.zeros(positive_int("sinks", sinks)))
+        self.sinks = (
+            None
+            if sinks is None
+            else nn.Parameter(torch.zeros(positive_int("sinks", sinks)))
+        )
         inner = self.inner
-        self.needs_weights, self.bias_is_constant, self.per_layer = inner.needs_weights, inner.bias_is_constant, inner.per_layer
+        self.needs_weights, self.bias_is_constant, self.per_layer = (
+            inner.needs_weights,
+            inner.bias_is_constant,
+            inner.per_layer,
+        )
         self.position_axes = inner.position_axes
         self.sees_later_keys = mask is not None and mask.sees_later_keys
         self.mask_rows = None if mask is None else mask.rows
@@ -122,7 +138,9 @@ class Layer(Scheme):
         self.num_sinks = 0 if mask is None else mask.num_sinks
         changes_scores = mask is not None or sinks is not None or softcap is not None
         self.hook = "score" if changes_scores or inner.hook == "score" else inner.hook
-        self.per_layer = self.per_layer or sinks is not None  # learned logits belong to one layer
+        self.per_layer = (
+            self.per_layer or sinks is not None
+        )  # learned logits belong to one layer
 
     @property
     def mask_mod(self):
@@ -144,7 +162,9 @@ class Layer(Scheme):
             x = x * self.query_scale
         if self.temperature is not None:
             p = _position_tensor(positions, x.device)
-            factor = self.temperature(p[:, None, :, None] if p.ndim == 2 else p[:, None])
+            factor = self.temperature(
+                p[:, None, :, None] if p.ndim == 2 else p[:, None]
+            )
             x = (x * factor).to(x.dtype)
         return x
 
@@ -188,4 +208,3 @@ def softcap_score_mod(cap: float, then=None):
 def sink_factor(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """sigmoid(LSE - s_h), (batch, heads, q_len, 1): the share of each row's mass left to the keys beside a sink logit."""
     return torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))[..., None]
-

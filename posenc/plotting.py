@@ -51,7 +51,9 @@ def use_book_style() -> None:
 def figure(nrows: int = 1, ncols: int = 1, height: float | None = None, **kwargs):
     """A figure of the column's width with nrows x ncols panels (at most three wide): (fig, axes) as plt.subplots."""
     if not isinstance(ncols, int) or not 1 <= ncols <= MAX_COLUMNS:
-        raise ValueError(f"ncols must be an integer from 1 to {MAX_COLUMNS}: wider figures are shrunk until their text is unreadable; got {ncols!r}")
+        raise ValueError(
+            f"ncols must be an integer from 1 to {MAX_COLUMNS}: wider figures are shrunk until their text is unreadable; got {ncols!r}"
+        )
     if not isinstance(nrows, int) or nrows < 1:
         raise ValueError(f"nrows must be a positive integer, got {nrows!r}")
     height = (3.0 if ncols == 1 else 2.7) * nrows if height is None else height
@@ -69,10 +71,19 @@ def integer_ticks(ax, axis: str = "both") -> None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def heatmap(ax, matrix, label: str, xlabel: str = "key position $j$", ylabel: str = "query position $i$", **kwargs):
+def heatmap(
+    ax,
+    matrix,
+    label: str,
+    xlabel: str = "key position $j$",
+    ylabel: str = "query position $i$",
+    **kwargs,
+):
     """imshow of a 2-D matrix with a labelled colorbar and integer ticks; returns the image."""
     if not label:
-        raise ValueError("label must say what the colours mean (it labels the colorbar)")
+        raise ValueError(
+            "label must say what the colours mean (it labels the colorbar)"
+        )
     values = matrix.detach().cpu().numpy() if hasattr(matrix, "detach") else matrix
     kwargs.setdefault("interpolation", "nearest")
     kwargs.setdefault("aspect", "auto")

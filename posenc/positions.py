@@ -37,7 +37,9 @@ from ._checks import as_positions
 def default_positions(q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys at 0..k_len-1 and queries at the last q_len of them (decoding against a cache)."""
     if q_len > k_len:
-        raise ValueError(f"without explicit positions q_len ({q_len}) must not exceed k_len ({k_len})")
+        raise ValueError(
+            f"without explicit positions q_len ({q_len}) must not exceed k_len ({k_len})"
+        )
     return torch.arange(k_len - q_len, k_len), torch.arange(k_len)
 
 
@@ -46,7 +48,9 @@ def relative_distance(q_positions, k_positions) -> torch.Tensor:
     q = as_positions("q_positions", q_positions, integer=True)
     k = as_positions("k_positions", k_positions, integer=True).to(q.device)
     if q.ndim != 1 or k.ndim != 1:
-        raise ValueError(f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     return k[None, :] - q[:, None]
 
 
@@ -56,24 +60,44 @@ def _given(name: str, given, length: int, batch: int) -> torch.Tensor:
         return p
     if p.ndim == 2 and p.shape[1] == length:
         if p.shape[0] != batch:
-            raise ValueError(f"{name} has {p.shape[0]} rows but q has batch {batch}: give ({length},) or ({batch}, {length})")
+            raise ValueError(
+                f"{name} has {p.shape[0]} rows but q has batch {batch}: give ({length},) or ({batch}, {length})"
+            )
         return p
-    raise ValueError(f"{name} must have shape ({length},) or (batch, {length}) = ({batch}, {length}), got {tuple(p.shape)}")
+    raise ValueError(
+        f"{name} must have shape ({length},) or (batch, {length}) = ({batch}, {length}), got {tuple(p.shape)}"
+    )
 
 
 def check_coords(name: str, coords, axes: int, length: int, batch: int) -> torch.Tensor:
     """Coordinates on a scheme's position axes: (axes, length) or (axes, batch, length), real numbers allowed."""
     c = as_positions(name, coords, integer=False)
-    if c.ndim in (2, 3) and c.shape[0] == axes and c.shape[-1] == length and (c.ndim == 2 or c.shape[1] == batch):
+    if (
+        c.ndim in (2, 3)
+        and c.shape[0] == axes
+        and c.shape[-1] == length
+        and (c.ndim == 2 or c.shape[1] == batch)
+    ):
         # shared by a batch of as many rows as axes, (axes, L) would read as per-row positions: pass (axes, batch, L)
-        return c[:, None].expand(axes, batch, length) if c.ndim == 2 and batch == axes else c
+        return (
+            c[:, None].expand(axes, batch, length)
+            if c.ndim == 2 and batch == axes
+            else c
+        )
     raise ValueError(
         f"{name} must have shape ({axes}, {length}) or ({axes}, batch, {length}) = ({axes}, {batch}, {length}): "
         f"one row of positions per axis of a scheme with position_axes={axes}; got {tuple(c.shape)}"
     )
 
 
-def axis_inputs(name: str, positions: torch.Tensor | None, coords, axes: int, length: int, batch: int) -> torch.Tensor | None:
+def axis_inputs(
+    name: str,
+    positions: torch.Tensor | None,
+    coords,
+    axes: int,
+    length: int,
+    batch: int,
+) -> torch.Tensor | None:
     """Checked coordinates for a query/key transform, or None where the 1-D positions serve (one axis, or none given).
 
     A scheme with one axis takes no coordinates; a scheme with several takes 1-D positions
@@ -82,10 +106,14 @@ def axis_inputs(name: str, positions: torch.Tensor | None, coords, axes: int, le
     """
     if coords is not None:
         if axes == 1:
-            raise ValueError(f"{name} is for schemes with several position axes (position_axes > 1: AxialRope, MRope); this scheme has one: give its positions alone")
+            raise ValueError(
+                f"{name} is for schemes with several position axes (position_axes > 1: AxialRope, MRope); this scheme has one: give its positions alone"
+            )
         return check_coords(name, coords, axes, length, batch)
     if axes > 1 and positions is not None and positions.ndim == 2:
-        raise ValueError(f"per-row positions {tuple(positions.shape)} for a scheme with position_axes={axes} need {name} of shape ({axes}, batch, {length})")
+        raise ValueError(
+            f"per-row positions {tuple(positions.shape)} for a scheme with position_axes={axes} need {name} of shape ({axes}, batch, {length})"
+        )
     return None
 
 
@@ -95,7 +123,9 @@ def documents(positions: torch.Tensor) -> torch.Tensor | None:
     None where no row is packed (one document per row).
     """
     restart = positions[..., 1:] <= positions[..., :-1]
-    packed = ~(restart & (positions[..., 1:] != 0)).any(-1, keepdim=True)  # rows whose every restart is to 0
+    packed = ~(restart & (positions[..., 1:] != 0)).any(
+        -1, keepdim=True
+    )  # rows whose every restart is to 0
     restart = restart & packed
     if not bool(restart.any()):
         return None
@@ -109,15 +139,26 @@ def packed(cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
     positions 0..n_0-1, 0..n_1-1, ... and document ids 0, 1, ..., each of shape (total,).
     """
     cu = as_positions("cu_seqlens", cu_seqlens, integer=True)
-    if cu.ndim != 1 or len(cu) < 2 or int(cu[0]) != 0 or bool((cu[1:] <= cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens must be increasing cumulative lengths starting at 0, e.g. [0, 5, 12], got {cu.tolist()}")
+    if (
+        cu.ndim != 1
+        or len(cu) < 2
+        or int(cu[0]) != 0
+        or bool((cu[1:] <= cu[:-1]).any())
+    ):
+        raise ValueError(
+            f"cu_seqlens must be increasing cumulative lengths starting at 0, e.g. [0, 5, 12], got {cu.tolist()}"
+        )
     lengths = cu[1:] - cu[:-1]
-    documents = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
+    documents = torch.repeat_interleave(
+        torch.arange(len(lengths), device=cu.device), lengths
+    )
     return torch.arange(int(cu[-1]), device=cu.device) - cu[:-1][documents], documents
 
 
 def _is_arange(p: torch.Tensor, start: int) -> bool:
-    return p.ndim == 1 and torch.equal(p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype))
+    return p.ndim == 1 and torch.equal(
+        p, torch.arange(start, start + len(p), device=p.device, dtype=p.dtype)
+    )
 
 
 @dataclass(frozen=True)
@@ -134,13 +175,27 @@ class Positions:
     k: torch.Tensor | None = None
     q_coords: torch.Tensor | None = None
     k_coords: torch.Tensor | None = None
-    q_doc: torch.Tensor | None = None  # document ids where the positions restart (packed documents), else None
+    q_doc: torch.Tensor | None = (
+        None  # document ids where the positions restart (packed documents), else None
+    )
     k_doc: torch.Tensor | None = None
 
     @classmethod
     def resolve(
-        cls, q_positions, k_positions, q_len: int, k_len: int, batch: int, device: torch.device, *, q_coords=None, k_coords=None, axes: int = 1,
-        keys_transformed: bool = False, q_documents=None, k_documents=None,
+        cls,
+        q_positions,
+        k_positions,
+        q_len: int,
+        k_len: int,
+        batch: int,
+        device: torch.device,
+        *,
+        q_coords=None,
+        k_coords=None,
+        axes: int = 1,
+        keys_transformed: bool = False,
+        q_documents=None,
+        k_documents=None,
     ) -> Positions:
         """Check the given positions; positions equal to the default layout are recognised as it.
 
@@ -149,9 +204,13 @@ class Positions:
         explicitly replace the ones read from positions that restart at 0.
         """
         if (q_documents is None) != (k_documents is None):
-            raise ValueError("q_documents and k_documents go together: give both (each token's document) or neither")
+            raise ValueError(
+                "q_documents and k_documents go together: give both (each token's document) or neither"
+            )
         if q_documents is not None and q_positions is None and k_positions is None:
-            q_positions, k_positions = default_positions(q_len, k_len)  # documents make the layout explicit
+            q_positions, k_positions = default_positions(
+                q_len, k_len
+            )  # documents make the layout explicit
         if q_positions is None and k_positions is None:
             default_positions(q_len, k_len)  # checks q_len <= k_len
             q = k = None
@@ -162,20 +221,36 @@ class Positions:
                 k_positions = dk if k_positions is None else k_positions
             q = _given("q_positions", q_positions, q_len, batch)
             k = _given("k_positions", k_positions, k_len, batch)
-            if q_len <= k_len and _is_arange(k, 0) and _is_arange(q, k_len - q_len) and q_documents is None:
+            if (
+                q_len <= k_len
+                and _is_arange(k, 0)
+                and _is_arange(q, k_len - q_len)
+                and q_documents is None
+            ):
                 q = k = None
-        k_coords = None if keys_transformed else axis_inputs("k_coords", k, k_coords, axes, k_len, batch)
+        k_coords = (
+            None
+            if keys_transformed
+            else axis_inputs("k_coords", k, k_coords, axes, k_len, batch)
+        )
         if q_coords is None and k_coords is not None:
             if q_len > k_len:
-                raise ValueError(f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords")
+                raise ValueError(
+                    f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords"
+                )
             q_coords = k_coords[..., k_len - q_len :]
         q_coords = axis_inputs("q_coords", q, q_coords, axes, q_len, batch)
         if q_documents is None:
             q_doc, k_doc = _documents(q, k)
         else:
-            q_doc, k_doc = _given("q_documents", q_documents, q_len, batch), _given("k_documents", k_documents, k_len, batch)
+            q_doc, k_doc = (
+                _given("q_documents", q_documents, q_len, batch),
+                _given("k_documents", k_documents, k_len, batch),
+            )
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return cls(q_len, k_len, on(q), on(k), on(q_coords), on(k_coords), on(q_doc), on(k_doc))
+        return cls(
+            q_len, k_len, on(q), on(k), on(q_coords), on(k_coords), on(q_doc), on(k_doc)
+        )
 
     @property
     def is_default(self) -> bool:
@@ -220,7 +295,9 @@ class Positions:
         if self.k_doc is None:
             return None
         q_doc = self.q_doc[q_idx] if self.q_doc.ndim == 1 else self.q_doc[b, q_idx]
-        return q_doc == (self.k_doc[kv_idx] if self.k_doc.ndim == 1 else self.k_doc[b, kv_idx])
+        return q_doc == (
+            self.k_doc[kv_idx] if self.k_doc.ndim == 1 else self.k_doc[b, kv_idx]
+        )
 
     def distances(self, device) -> torch.Tensor:
         """k_pos - q_pos of every pair (j - i), broadcastable to (batch, heads, q_len, k_len)."""
@@ -232,7 +309,9 @@ class Positions:
         return (self.q_len, self.k_len) if self.q is None else None
 
 
-def _documents(q: torch.Tensor | None, k: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def _documents(
+    q: torch.Tensor | None, k: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Document ids of queries and keys where the keys' positions restart (packed documents), else (None, None)."""
     k_doc = None if k is None else documents(k)
     if k_doc is None:
@@ -247,13 +326,16 @@ def _documents(q: torch.Tensor | None, k: torch.Tensor | None) -> tuple[torch.Te
     return k_doc[..., k_len - q_len :], k_doc
 
 
-def index_grids(batch: int, heads: int, q_len: int, k_len: int, device) -> tuple[torch.Tensor, ...]:
+def index_grids(
+    batch: int, heads: int, q_len: int, k_len: int, device
+) -> tuple[torch.Tensor, ...]:
     """b, h, q_idx, kv_idx as broadcastable (batch,1,1,1), (1,heads,1,1), (1,1,q_len,1), (1,1,1,k_len) index tensors.
 
     A score_mod or mask_mod written for one (b, h, q_idx, kv_idx) of a kernel, evaluated
     on these grids, gives the whole dense table at once: how posenc derives the bias and
     mask of the explicit and sdpa backends from the one definition.
     """
+
     def grid(n, dim):
         shape = [1, 1, 1, 1]
         shape[dim] = n

@@ -16,15 +16,21 @@ TRANSFORMERS_VERSION = "5.23.0"
 def transformers_for_cross_checks() -> ModuleType | None:
     """transformers where the pinned release is installed; else None, after printing why the cross-checks are skipped."""
     try:
-        with warnings.catch_warnings():  # transformers imports tqdm, which warns in a notebook without ipywidgets
+        with (
+            warnings.catch_warnings()
+        ):  # transformers imports tqdm, which warns in a notebook without ipywidgets
             warnings.simplefilter("ignore")
             transformers = importlib.import_module("transformers")
     except ImportError:
-        print(f"transformers is not installed; the cross-checks need {TRANSFORMERS_VERSION} and are skipped "
-              f"(pip install transformers=={TRANSFORMERS_VERSION} runs them)")
+        print(
+            f"transformers is not installed; the cross-checks need {TRANSFORMERS_VERSION} and are skipped "
+            f"(pip install transformers=={TRANSFORMERS_VERSION} runs them)"
+        )
         return None
     if transformers.__version__ != TRANSFORMERS_VERSION:
-        print(f"found transformers {transformers.__version__}; the cross-checks need {TRANSFORMERS_VERSION} and are skipped")
+        print(
+            f"found transformers {transformers.__version__}; the cross-checks need {TRANSFORMERS_VERSION} and are skipped"
+        )
         return None
     print(f"found transformers {TRANSFORMERS_VERSION}: the cross-checks run")
     return transformers

@@ -39,8 +39,12 @@ from ._checks import choice
 
 HOOKS = ("none", "input", "qk", "score")
 
-ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ScoreMod = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
+MaskMod = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]
 
 
 class Scheme(nn.Module):
@@ -48,17 +52,27 @@ class Scheme(nn.Module):
 
     name = "nope"
     hook = "none"
-    score_mod: ScoreMod | None = None  # a method (score, b, h, q_pos, k_pos) -> score in schemes with a bias
-    mask_mod: MaskMod | None = None  # a method (b, h, q_pos, k_pos) -> bool in schemes with a mask
+    score_mod: ScoreMod | None = (
+        None  # a method (score, b, h, q_pos, k_pos) -> score in schemes with a bias
+    )
+    mask_mod: MaskMod | None = (
+        None  # a method (b, h, q_pos, k_pos) -> bool in schemes with a mask
+    )
     needs_weights = False  # True where value_term is used: only the explicit backend exposes the weights
     bias_is_constant = True  # False where the bias has learned parameters: its dense table cannot be cached
     per_layer = False  # True where each layer of a model needs its own instance (learned per-layer tables)
-    window: int | None = None  # keys a query sees, itself included, where the scheme masks a window
+    window: int | None = (
+        None  # keys a query sees, itself included, where the scheme masks a window
+    )
     num_sinks = 0  # first positions every query also sees (attention sinks)
     sees_later_keys = False  # True where the mask lets a query see a later key (prefix LM): it runs with causal=False
-    mask_rows: int | None = None  # batch size of a mask that differs between sequences, else None
+    mask_rows: int | None = (
+        None  # batch size of a mask that differs between sequences, else None
+    )
     position_axes = 1  # axes of position its query/key transform reads: 2 for (row, col), 3 for (time, height, width)
-    softcap: float | None = None  # logits capped at +-softcap by cap * tanh(logit / cap) (Gemma 2), where set
+    softcap: float | None = (
+        None  # logits capped at +-softcap by cap * tanh(logit / cap) (Gemma 2), where set
+    )
     # learned sink logits, one per head (posenc.layer.Layer(sinks=...)), are the parameter `sinks` where a scheme has
     # them: not a class attribute here, which would hide an nn.Parameter of that name
 
@@ -70,13 +84,19 @@ class Scheme(nn.Module):
         restored from an exact copy after every cast (the device still follows).
         """
         self.register_buffer(name, value.to(torch.float32), persistent=False)
-        self.__dict__.setdefault("_float32_exact", {})[name] = value.detach().to("cpu", torch.float64)
+        self.__dict__.setdefault("_float32_exact", {})[name] = value.detach().to(
+            "cpu", torch.float64
+        )
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         for name, exact in self.__dict__.get("_float32_exact", {}).items():
-            self._buffers[name] = exact.to(device=self._buffers[name].device, dtype=torch.float32)
-        self.__dict__.pop("_tables", None)  # tables derived from the buffers follow them
+            self._buffers[name] = exact.to(
+                device=self._buffers[name].device, dtype=torch.float32
+            )
+        self.__dict__.pop(
+            "_tables", None
+        )  # tables derived from the buffers follow them
         return self
 
     def check_device(self, device: torch.device) -> None:

@@ -20,8 +20,12 @@ RESIZE_MODES = ("bicubic", "bilinear", "nearest")
 
 def _grid_size(name: str, size) -> tuple[int, int]:
     if not isinstance(size, (tuple, list)) or len(size) != 2:
-        raise TypeError(f"{name} must be a (height, width) pair of positive integers, got {size!r}")
-    return positive_int(f"{name}[0] (height)", size[0]), positive_int(f"{name}[1] (width)", size[1])
+        raise TypeError(
+            f"{name} must be a (height, width) pair of positive integers, got {size!r}"
+        )
+    return positive_int(f"{name}[0] (height)", size[0]), positive_int(
+        f"{name}[1] (width)", size[1]
+    )
 
 
 def sinusoidal_2d(coords, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -35,13 +39,25 @@ def sinusoidal_2d(coords, dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     c = as_positions("coords", coords, integer=False)
     if c.ndim != 2 or c.shape[0] != 2:
-        raise ValueError(f"coords must have shape (2, N): a row and a column per patch, got {tuple(c.shape)}")
+        raise ValueError(
+            f"coords must have shape (2, N): a row and a column per patch, got {tuple(c.shape)}"
+        )
     if positive_int("dim", dim) % 4:
-        raise ValueError(f"dim must be a multiple of 4 (a sin/cos code of even width for each of the two axes), got {dim}")
-    return torch.cat((sinusoidal_encoding(c[0], dim // 2, base), sinusoidal_encoding(c[1], dim // 2, base)), dim=-1)
+        raise ValueError(
+            f"dim must be a multiple of 4 (a sin/cos code of even width for each of the two axes), got {dim}"
+        )
+    return torch.cat(
+        (
+            sinusoidal_encoding(c[0], dim // 2, base),
+            sinusoidal_encoding(c[1], dim // 2, base),
+        ),
+        dim=-1,
+    )
 
 
-def resize_grid_table(table: torch.Tensor, size, new_size, mode: str = "bicubic") -> torch.Tensor:
+def resize_grid_table(
+    table: torch.Tensor, size, new_size, mode: str = "bicubic"
+) -> torch.Tensor:
     """A (height * width, dim) position table of a raster grid, resized as an image to new_size: (new_h * new_w, dim).
 
     This is how ViT fine-tunes at a higher resolution (Dosovitskiy et al., and Hugging
@@ -53,9 +69,19 @@ def resize_grid_table(table: torch.Tensor, size, new_size, mode: str = "bicubic"
     height, width = _grid_size("size", size)
     new_height, new_width = _grid_size("new_size", new_size)
     choice("mode", mode, RESIZE_MODES)
-    if not isinstance(table, torch.Tensor) or table.ndim != 2 or table.shape[0] != height * width:
-        shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
-        raise ValueError(f"table must have shape (height * width, dim) = ({height * width}, dim) for size {size}, got {shape}")
+    if (
+        not isinstance(table, torch.Tensor)
+        or table.ndim != 2
+        or table.shape[0] != height * width
+    ):
+        shape = (
+            tuple(table.shape)
+            if isinstance(table, torch.Tensor)
+            else type(table).__name__
+        )
+        raise ValueError(
+            f"table must have shape (height * width, dim) = ({height * width}, dim) for size {size}, got {shape}"
+        )
     image = table.T.reshape(1, table.shape[1], height, width)
     kwargs = {} if mode == "nearest" else {"align_corners": False}
     resized = F.interpolate(image, size=(new_height, new_width), mode=mode, **kwargs)

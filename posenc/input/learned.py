@@ -25,14 +25,21 @@ class LearnedAbsolute(Scheme):
 
     def __init__(self, max_len: int, dim: int, init_std: float = 0.02):
         super().__init__()
-        self.max_len, self.dim = positive_int("max_len", max_len), positive_int("dim", dim)
-        self.table = nn.Parameter(torch.randn(max_len, dim) * positive_float("init_std", init_std))
+        self.max_len, self.dim = (
+            positive_int("max_len", max_len),
+            positive_int("dim", dim),
+        )
+        self.table = nn.Parameter(
+            torch.randn(max_len, dim) * positive_float("init_std", init_std)
+        )
 
     def embed(self, positions) -> torch.Tensor:
         p = as_positions("positions", positions, integer=True).to(self.table.device)
         if p.numel() and (int(p.min()) < 0 or int(p.max()) >= self.max_len):
             bad = int(p.max()) if int(p.max()) >= self.max_len else int(p.min())
-            raise ValueError(f"position {bad} is outside the learned table: positions must be in [0, max_len={self.max_len}); a learned table has no row past max_len")
+            raise ValueError(
+                f"position {bad} is outside the learned table: positions must be in [0, max_len={self.max_len}); a learned table has no row past max_len"
+            )
         return self.table[p]
 
     def extra_repr(self) -> str:
@@ -54,9 +61,13 @@ class RecurrentAbsolute(Scheme):
     def __init__(self, dim: int, init_std: float = 0.02):
         super().__init__()
         self.dim = positive_int("dim", dim)
-        self.start = nn.Parameter(torch.randn(dim) * positive_float("init_std", init_std))
+        self.start = nn.Parameter(
+            torch.randn(dim) * positive_float("init_std", init_std)
+        )
         self.step = nn.Linear(dim, dim)
-        nn.init.normal_(self.step.weight, std=0.5 / math.sqrt(dim))  # small weights; the codes' norm still grows with t
+        nn.init.normal_(
+            self.step.weight, std=0.5 / math.sqrt(dim)
+        )  # small weights; the codes' norm still grows with t
         nn.init.zeros_(self.step.bias)
 
     def embed(self, positions) -> torch.Tensor:

@@ -20,7 +20,9 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
     return base ** (-2.0 * pair / dim)
 
 
-def sinusoidal_encoding(positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sinusoidal_encoding(
+    positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """The table of Vaswani et al.: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(same).
 
     Sines and cosines are interleaved (even columns sin, odd columns cos). The
@@ -56,7 +58,9 @@ def shift_rotation(k: float, dim: int, base: float = 10000.0) -> torch.Tensor:
     return m
 
 
-def sinusoidal_angles(positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def sinusoidal_angles(
+    positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """Angles p * omega_c of every column c, of shape positions.shape + (dim,), formed in `dtype`.
 
     sinusoidal_encoding forms these angles in float64 (the default here). Other
@@ -71,7 +75,13 @@ def sinusoidal_angles(positions, dim: int, base: float = 10000.0, dtype: torch.d
     return p.to(dtype)[..., None] * freq.to(device=p.device, dtype=dtype)
 
 
-def input_logit_terms(content: torch.Tensor, code: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, scale: float | None = None) -> dict[str, torch.Tensor]:
+def input_logit_terms(
+    content: torch.Tensor,
+    code: torch.Tensor,
+    w_q: torch.Tensor,
+    w_k: torch.Tensor,
+    scale: float | None = None,
+) -> dict[str, torch.Tensor]:
     """The four terms of the attention logit when a positional code is added to the input.
 
     With x_i = e_i + p_i (content e and code p, both (seq_len, dim)) and
@@ -83,12 +93,20 @@ def input_logit_terms(content: torch.Tensor, code: torch.Tensor, w_q: torch.Tens
     """
     for name, t in (("content", content), ("code", code), ("w_q", w_q), ("w_k", w_k)):
         if not isinstance(t, torch.Tensor) or t.ndim != 2:
-            raise ValueError(f"{name} must be a 2-D tensor, got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            raise ValueError(
+                f"{name} must be a 2-D tensor, got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
     if content.shape != code.shape:
-        raise ValueError(f"content {tuple(content.shape)} and code {tuple(code.shape)} must have the same shape (seq_len, dim)")
+        raise ValueError(
+            f"content {tuple(content.shape)} and code {tuple(code.shape)} must have the same shape (seq_len, dim)"
+        )
     if w_q.shape != w_k.shape or w_q.shape[0] != content.shape[1]:
-        raise ValueError(f"w_q {tuple(w_q.shape)} and w_k {tuple(w_k.shape)} must both be (dim, head_dim) with dim = {content.shape[1]}")
-    scale = 1.0 / w_q.shape[1] ** 0.5 if scale is None else positive_float("scale", scale)
+        raise ValueError(
+            f"w_q {tuple(w_q.shape)} and w_k {tuple(w_k.shape)} must both be (dim, head_dim) with dim = {content.shape[1]}"
+        )
+    scale = (
+        1.0 / w_q.shape[1] ** 0.5 if scale is None else positive_float("scale", scale)
+    )
     dev = content.device
     a = (w_q.double().to(dev) @ w_k.double().to(dev).T) * scale
     e, p = content.double(), code.double().to(dev)

@@ -5,12 +5,42 @@ position axes for images and video: axial 2-D RoPE (rescaled per axis), Pixtral'
 and Qwen2-VL's M-RoPE (axial), and where image and video tokens sit in a sequence (vl_positions).
 """
 
-from .axial import AxialRope, MRope, PixtralRope, grid_positions, mrope_positions, per_axis_factors, per_axis_frequencies
+from .axial import (
+    AxialRope,
+    MRope,
+    PixtralRope,
+    grid_positions,
+    mrope_positions,
+    per_axis_factors,
+    per_axis_frequencies,
+)
 from .rope import LAYOUTS, ROPE_TYPES, Rope, apply_rope, rope_frequencies
-from .vl_positions import left_pad_position_ids, qwen2_5_vl_positions, qwen3_vl_positions, qwen3_vl_video_parts, row_break_positions
+from .vl_positions import (
+    left_pad_position_ids,
+    qwen2_5_vl_positions,
+    qwen3_vl_positions,
+    qwen3_vl_video_parts,
+    row_break_positions,
+)
 from .xpos import XPos
 
 __all__ = [
-    "AxialRope", "LAYOUTS", "MRope", "PixtralRope", "ROPE_TYPES", "Rope", "XPos", "apply_rope", "grid_positions", "left_pad_position_ids",
-    "mrope_positions", "per_axis_factors", "per_axis_frequencies", "qwen2_5_vl_positions", "qwen3_vl_positions", "qwen3_vl_video_parts", "rope_frequencies", "row_break_positions",
+    "AxialRope",
+    "LAYOUTS",
+    "MRope",
+    "PixtralRope",
+    "ROPE_TYPES",
+    "Rope",
+    "XPos",
+    "apply_rope",
+    "grid_positions",
+    "left_pad_position_ids",
+    "mrope_positions",
+    "per_axis_factors",
+    "per_axis_frequencies",
+    "qwen2_5_vl_positions",
+    "qwen3_vl_positions",
+    "qwen3_vl_video_parts",
+    "rope_frequencies",
+    "row_break_positions",
 ]

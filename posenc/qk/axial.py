@@ -24,19 +24,41 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import PAIRS, as_positions, choice, non_negative_int, positive_int, same_last_dim
+from .._checks import (
+    PAIRS,
+    as_positions,
+    choice,
+    non_negative_int,
+    positive_int,
+    same_last_dim,
+)
 from ..scheme import Scheme, register
-from .rope import LAYOUTS, NUMERICS, _angle_dtype, _check_x, rope_frequencies, rotate_pairs
+from .rope import (
+    LAYOUTS,
+    NUMERICS,
+    _angle_dtype,
+    _check_x,
+    rope_frequencies,
+    rotate_pairs,
+)
 from .rope_scaling import default_inv_freq
 
 
 def _sections(name: str, sections, head_dim: int) -> tuple[int, ...]:
     positive_int("head_dim", head_dim, even=PAIRS)
-    if isinstance(sections, (str, bytes)) or not hasattr(sections, "__len__") or len(sections) < 2:
-        raise TypeError(f"{name} must be a list of at least two pair counts, one per axis, got {sections!r}")
+    if (
+        isinstance(sections, (str, bytes))
+        or not hasattr(sections, "__len__")
+        or len(sections) < 2
+    ):
+        raise TypeError(
+            f"{name} must be a list of at least two pair counts, one per axis, got {sections!r}"
+        )
     counts = tuple(positive_int(f"{name}[{i}]", s) for i, s in enumerate(sections))
     if sum(counts) != head_dim // 2:
-        raise ValueError(f"{name} {list(counts)} sums to {sum(counts)}, but a head of {head_dim} dimensions has head_dim / 2 = {head_dim // 2} pairs to divide")
+        raise ValueError(
+            f"{name} {list(counts)} sums to {sum(counts)}, but a head of {head_dim} dimensions has head_dim / 2 = {head_dim // 2} pairs to divide"
+        )
     return counts
 
 
@@ -53,32 +75,50 @@ def axis_of_pairs(sections, interleaved: bool = False) -> torch.Tensor:
     for k, count in enumerate(counts[1:], start=1):
         picked = torch.arange(k, len(counts) * count, len(counts))
         if picked.numel() != count or int(picked.max()) >= len(axes):
-            raise ValueError(f"interleaved sections {counts} do not fit: axis {k} needs {count} pairs at stride {len(counts)}")
+            raise ValueError(
+                f"interleaved sections {counts} do not fit: axis {k} needs {count} pairs at stride {len(counts)}"
+            )
         axes[picked] = k
     return axes
 
 
-def axial_frequencies(head_dim: int, sections, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def axial_frequencies(
+    head_dim: int, sections, base: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """Per-pair frequencies of axial RoPE: for each axis, the ladder base^(-2i / (2 * section)) over its pairs."""
     counts = _sections("sections", sections, head_dim)
     return torch.cat([default_inv_freq(2 * s, base, dtype) for s in counts])
 
 
 PER_AXIS_ROPE_TYPES = ("default", "linear", "ntk", "yarn")
-PER_AXIS_PARAMETERS = ("factor", "original_max_position_embeddings")  # one value, or one per axis
+PER_AXIS_PARAMETERS = (
+    "factor",
+    "original_max_position_embeddings",
+)  # one value, or one per axis
 
 
 def _one_per_axis(name: str, value, axes: int) -> list:
     if isinstance(value, (tuple, list)):
         if len(value) != axes:
-            raise ValueError(f"{name} must be one number for every axis or a list of {axes} (one per axis), got {len(value)}: {list(value)}")
+            raise ValueError(
+                f"{name} must be one number for every axis or a list of {axes} (one per axis), got {len(value)}: {list(value)}"
+            )
         return list(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return [value] * axes
-    raise TypeError(f"{name} must be a number or a list of {axes} numbers (one per axis), got {value!r}")
+    raise TypeError(
+        f"{name} must be a number or a list of {axes} numbers (one per axis), got {value!r}"
+    )
 
 
-def per_axis_frequencies(head_dim: int, sections, base: float = 10000.0, rope_type: str = "default", numerics: str = "float64", **params) -> tuple[torch.Tensor, float]:
+def per_axis_frequencies(
+    head_dim: int,
+    sections,
+    base: float = 10000.0,
+    rope_type: str = "default",
+    numerics: str = "float64",
+    **params,
+) -> tuple[torch.Tensor, float]:
     """Axial RoPE's frequencies with each axis rescaled by its own factor: FiT's VisionNTK and VisionYaRN (Lu et al., 2024).
 
     Axis k's ladder over its 2 * sections[k] dimensions is the 1-D schedule `rope_type`
@@ -93,10 +133,21 @@ def per_axis_frequencies(head_dim: int, sections, base: float = 10000.0, rope_ty
     """
     counts = _sections("sections", sections, head_dim)
     choice("rope_type", rope_type, PER_AXIS_ROPE_TYPES)
-    per_axis = {name: _one_per_axis(name, params.pop(name), len(counts)) for name in PER_AXIS_PARAMETERS if name in params}
+    per_axis = {
+        name: _one_per_axis(name, params.pop(name), len(counts))
+        for name in PER_AXIS_PARAMETERS
+        if name in params
+    }
     ladders, factors = [], []
     for k, count in enumerate(counts):
-        inv_freq, attention_factor = rope_frequencies(2 * count, base, rope_type, numerics, **params, **{name: v[k] for name, v in per_axis.items()})
+        inv_freq, attention_factor = rope_frequencies(
+            2 * count,
+            base,
+            rope_type,
+            numerics,
+            **params,
+            **{name: v[k] for name, v in per_axis.items()},
+        )
         ladders.append(inv_freq)
         factors.append(attention_factor)
     return torch.cat(ladders), max(factors)
@@ -104,14 +155,27 @@ def per_axis_frequencies(head_dim: int, sections, base: float = 10000.0, rope_ty
 
 def per_axis_factors(train_extents, test_extents) -> tuple[float, ...]:
     """FiT's per-axis scale factors: max(test / train, 1) on each axis (a grid smaller than the training grid is not rescaled)."""
-    if not isinstance(train_extents, (tuple, list)) or not isinstance(test_extents, (tuple, list)) or len(train_extents) != len(test_extents):
-        raise TypeError(f"train_extents and test_extents must be lists of one extent per axis, of the same length, got {train_extents!r} and {test_extents!r}")
-    train = [positive_int(f"train_extents[{k}]", n) for k, n in enumerate(train_extents)]
+    if (
+        not isinstance(train_extents, (tuple, list))
+        or not isinstance(test_extents, (tuple, list))
+        or len(train_extents) != len(test_extents)
+    ):
+        raise TypeError(
+            f"train_extents and test_extents must be lists of one extent per axis, of the same length, got {train_extents!r} and {test_extents!r}"
+        )
+    train = [
+        positive_int(f"train_extents[{k}]", n) for k, n in enumerate(train_extents)
+    ]
     test = [positive_int(f"test_extents[{k}]", n) for k, n in enumerate(test_extents)]
     return tuple(max(b / a, 1.0) for a, b in zip(train, test))
 
 
-def multi_axis_cos_sin(coords: torch.Tensor, inv_freq: torch.Tensor, axis_of_pair: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def multi_axis_cos_sin(
+    coords: torch.Tensor,
+    inv_freq: torch.Tensor,
+    axis_of_pair: torch.Tensor,
+    like: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of coords[axis_of_pair[i]] * inv_freq[i] for every pair i, in like's dtype.
 
     coords is (axes, L) or (axes, batch, L); the result is (L, pairs), or (batch, 1, L, pairs)
@@ -119,7 +183,9 @@ def multi_axis_cos_sin(coords: torch.Tensor, inv_freq: torch.Tensor, axis_of_pai
     for float64 inputs), as RoPE's are, then cast.
     """
     dtype = _angle_dtype(like, inv_freq)
-    per_pair = coords.to(device=like.device, dtype=dtype).movedim(0, -1)[..., axis_of_pair.to(like.device)]
+    per_pair = coords.to(device=like.device, dtype=dtype).movedim(0, -1)[
+        ..., axis_of_pair.to(like.device)
+    ]
     if per_pair.ndim == 3 and like.ndim == 4:
         per_pair = per_pair[:, None]  # the heads axis
     angles = per_pair * inv_freq.to(device=like.device, dtype=dtype)
@@ -132,7 +198,13 @@ class MultiAxisRope(Scheme):
     hook = "qk"
     axis_names: tuple[str, ...] = ()
 
-    def __init__(self, head_dim: int, inv_freq: torch.Tensor, axis_of_pair: torch.Tensor, layout: str):
+    def __init__(
+        self,
+        head_dim: int,
+        inv_freq: torch.Tensor,
+        axis_of_pair: torch.Tensor,
+        layout: str,
+    ):
         super().__init__()
         self.layout = choice("layout", layout, LAYOUTS)
         self.head_dim, self.position_axes = head_dim, int(axis_of_pair.max()) + 1
@@ -155,7 +227,12 @@ class MultiAxisRope(Scheme):
                 f"({self.position_axes}, batch, {length}) (posenc.attention and KVCache pass q_coords and k_coords so)"
             )
         c = self.from_sequence(p) if p.ndim == 1 else p
-        if c.ndim in (2, 3) and c.shape[0] == self.position_axes and c.shape[-1] == length and (c.ndim == 2 or c.shape[1] == batch):
+        if (
+            c.ndim in (2, 3)
+            and c.shape[0] == self.position_axes
+            and c.shape[-1] == length
+            and (c.ndim == 2 or c.shape[1] == batch)
+        ):
             return c
         axes = ", ".join(self.axis_names)
         raise ValueError(
@@ -166,7 +243,9 @@ class MultiAxisRope(Scheme):
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         _check_x(x)
-        same_last_dim("x", x, self.head_dim, f"{type(self).__name__}(head_dim={self.head_dim})")
+        same_last_dim(
+            "x", x, self.head_dim, f"{type(self).__name__}(head_dim={self.head_dim})"
+        )
         coords = self.coords(positions, x.shape[-2], x.shape[0] if x.ndim == 4 else 1)
         cos, sin = multi_axis_cos_sin(coords, self.inv_freq, self.axis_of_pair, x)
         return rotate_pairs(x, cos, sin, self.layout)
@@ -192,30 +271,59 @@ class AxialRope(MultiAxisRope):
     axis_names = ("row", "col")
 
     def __init__(
-        self, head_dim: int, base: float = 10000.0, sections=None, layout: str = "half", numerics: str = "float64", grid_width: int | None = None, rope_type: str = "default", **rope_params
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        sections=None,
+        layout: str = "half",
+        numerics: str = "float64",
+        grid_width: int | None = None,
+        rope_type: str = "default",
+        **rope_params,
     ):
         if sections is None:
             if positive_int("head_dim", head_dim, even=PAIRS) % 4:
-                raise ValueError(f"head_dim must be a multiple of 4 for axial 2-D RoPE (each of the two axes rotates head_dim / 4 pairs), got {head_dim}")
+                raise ValueError(
+                    f"head_dim must be a multiple of 4 for axial 2-D RoPE (each of the two axes rotates head_dim / 4 pairs), got {head_dim}"
+                )
             sections = (head_dim // 4, head_dim // 4)
         counts = _sections("sections", sections, head_dim)
         choice("numerics", numerics, tuple(NUMERICS))
-        inv_freq, attention_factor = self.frequencies(head_dim, counts, base, numerics, rope_type, **rope_params)
+        inv_freq, attention_factor = self.frequencies(
+            head_dim, counts, base, numerics, rope_type, **rope_params
+        )
         super().__init__(head_dim, inv_freq, axis_of_pairs(counts), layout)
-        self.rope_type, self.rope_params, self.attention_factor = rope_type, rope_params, attention_factor
+        self.rope_type, self.rope_params, self.attention_factor = (
+            rope_type,
+            rope_params,
+            attention_factor,
+        )
         if len(counts) != 2:
             self.axis_names = tuple(f"axis {k}" for k in range(len(counts)))
         if grid_width is not None and len(counts) != 2:
-            raise ValueError(f"grid_width reads 1-D positions as (row, col): it needs two sections, got {len(counts)}")
+            raise ValueError(
+                f"grid_width reads 1-D positions as (row, col): it needs two sections, got {len(counts)}"
+            )
         self.base, self.sections, self.numerics = base, counts, numerics
-        self.grid_width = None if grid_width is None else positive_int("grid_width", grid_width)
+        self.grid_width = (
+            None if grid_width is None else positive_int("grid_width", grid_width)
+        )
 
     @staticmethod
-    def frequencies(head_dim: int, sections, base: float, numerics: str, rope_type: str = "default", **rope_params) -> tuple[torch.Tensor, float]:
+    def frequencies(
+        head_dim: int,
+        sections,
+        base: float,
+        numerics: str,
+        rope_type: str = "default",
+        **rope_params,
+    ) -> tuple[torch.Tensor, float]:
         """(inv_freq, attention_factor): a ladder per axis, rescaled per axis for a rope_type other than "default"."""
         if rope_type == "default" and not rope_params:
             return axial_frequencies(head_dim, sections, base, NUMERICS[numerics]), 1.0
-        return per_axis_frequencies(head_dim, sections, base, rope_type, numerics, **rope_params)
+        return per_axis_frequencies(
+            head_dim, sections, base, rope_type, numerics, **rope_params
+        )
 
     def from_sequence(self, p: torch.Tensor) -> torch.Tensor:
         if self.grid_width is None:
@@ -224,22 +332,38 @@ class AxialRope(MultiAxisRope):
                 f"({self.position_axes}, batch, seq_len) tensor (q_coords and k_coords in posenc.attention), or set "
                 "grid_width to read 1-D positions as raster indices of a grid"
             )
-        return torch.stack((torch.div(p, self.grid_width, rounding_mode="floor"), torch.remainder(p, self.grid_width)))
+        return torch.stack(
+            (
+                torch.div(p, self.grid_width, rounding_mode="floor"),
+                torch.remainder(p, self.grid_width),
+            )
+        )
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         """The rotation, times the attention factor of a per-axis YaRN (as multiplying cos and sin by it; 1 otherwise)."""
         rotated = super().transform_qk(x, positions)
-        return rotated if self.attention_factor == 1.0 else rotated * self.attention_factor
+        return (
+            rotated if self.attention_factor == 1.0 else rotated * self.attention_factor
+        )
 
     def extra_repr(self) -> str:
         width = "" if self.grid_width is None else f", grid_width={self.grid_width}"
-        scaled = "" if self.rope_type == "default" else f", rope_type={self.rope_type!r}" + "".join(f", {k}={v!r}" for k, v in self.rope_params.items())
+        scaled = (
+            ""
+            if self.rope_type == "default"
+            else f", rope_type={self.rope_type!r}"
+            + "".join(f", {k}={v!r}" for k, v in self.rope_params.items())
+        )
         return f"head_dim={self.head_dim}, base={self.base:g}, sections={list(self.sections)}, layout={self.layout!r}{width}{scaled}"
 
 
-def alternate_rung_frequencies(head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def alternate_rung_frequencies(
+    head_dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """Pixtral's 2-D frequencies: the one ladder base^(-2i/head_dim), its even rungs for rows, then its odd rungs for columns."""
-    ladder = default_inv_freq(positive_int("head_dim", head_dim, even=PAIRS), base, dtype)
+    ladder = default_inv_freq(
+        positive_int("head_dim", head_dim, even=PAIRS), base, dtype
+    )
     return torch.cat((ladder[0::2], ladder[1::2]))
 
 
@@ -258,11 +382,27 @@ class PixtralRope(AxialRope):
 
     name = "pixtral_rope"
 
-    def __init__(self, head_dim: int, base: float = 10000.0, layout: str = "half", numerics: str = "float64", grid_width: int | None = None):
-        super().__init__(head_dim, base, layout=layout, numerics=numerics, grid_width=grid_width)
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        layout: str = "half",
+        numerics: str = "float64",
+        grid_width: int | None = None,
+    ):
+        super().__init__(
+            head_dim, base, layout=layout, numerics=numerics, grid_width=grid_width
+        )
 
     @staticmethod
-    def frequencies(head_dim: int, sections, base: float, numerics: str, rope_type: str = "default", **rope_params) -> tuple[torch.Tensor, float]:
+    def frequencies(
+        head_dim: int,
+        sections,
+        base: float,
+        numerics: str,
+        rope_type: str = "default",
+        **rope_params,
+    ) -> tuple[torch.Tensor, float]:
         return alternate_rung_frequencies(head_dim, base, NUMERICS[numerics]), 1.0
 
     def extra_repr(self) -> str:
@@ -274,7 +414,9 @@ def default_mrope_section(head_dim: int) -> tuple[int, int, int]:
     """Qwen2-VL's proportions for any head: 3/8 of the pairs to height, 3/8 to width, the rest to time ((16, 24, 24) at 128)."""
     pairs = positive_int("head_dim", head_dim, even=PAIRS) // 2
     if pairs < 3:
-        raise ValueError(f"M-RoPE needs at least 3 pairs (one per axis), so head_dim >= 6; got {head_dim}")
+        raise ValueError(
+            f"M-RoPE needs at least 3 pairs (one per axis), so head_dim >= 6; got {head_dim}"
+        )
     spatial = max(1, 3 * pairs // 8)
     return (pairs - 2 * spatial, spatial, spatial)
 
@@ -293,13 +435,37 @@ class MRope(MultiAxisRope):
     position_axes = 3
     axis_names = ("time", "height", "width")
 
-    def __init__(self, head_dim: int, base: float = 10000.0, mrope_section=None, layout: str = "half", numerics: str = "float64", mrope_interleaved: bool = False):
-        counts = _sections("mrope_section", default_mrope_section(head_dim) if mrope_section is None else mrope_section, head_dim)
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        mrope_section=None,
+        layout: str = "half",
+        numerics: str = "float64",
+        mrope_interleaved: bool = False,
+    ):
+        counts = _sections(
+            "mrope_section",
+            default_mrope_section(head_dim) if mrope_section is None else mrope_section,
+            head_dim,
+        )
         if len(counts) != 3:
-            raise ValueError(f"mrope_section must have three entries (time, height, width), got {list(counts)}")
+            raise ValueError(
+                f"mrope_section must have three entries (time, height, width), got {list(counts)}"
+            )
         choice("numerics", numerics, tuple(NUMERICS))
-        super().__init__(head_dim, default_inv_freq(head_dim, base, NUMERICS[numerics]), axis_of_pairs(counts, bool(mrope_interleaved)), layout)
-        self.base, self.mrope_section, self.numerics, self.mrope_interleaved = base, counts, numerics, bool(mrope_interleaved)
+        super().__init__(
+            head_dim,
+            default_inv_freq(head_dim, base, NUMERICS[numerics]),
+            axis_of_pairs(counts, bool(mrope_interleaved)),
+            layout,
+        )
+        self.base, self.mrope_section, self.numerics, self.mrope_interleaved = (
+            base,
+            counts,
+            numerics,
+            bool(mrope_interleaved),
+        )
 
     def from_sequence(self, p: torch.Tensor) -> torch.Tensor:
         return p.expand(3, *p.shape)
@@ -311,7 +477,11 @@ class MRope(MultiAxisRope):
 
 def grid_positions(height: int, width: int) -> torch.Tensor:
     """(2, height * width) coordinates (row, col) of a grid of patches in raster order (row by row)."""
-    rows, cols = torch.meshgrid(torch.arange(positive_int("height", height)), torch.arange(positive_int("width", width)), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(positive_int("height", height)),
+        torch.arange(positive_int("width", width)),
+        indexing="ij",
+    )
     return torch.stack((rows.flatten(), cols.flatten()))
 
 
@@ -331,10 +501,16 @@ def mrope_positions(parts, start: int = 0) -> torch.Tensor:
             pieces.append(run.expand(3, -1))
         elif isinstance(part, (tuple, list)) and len(part) == 3:
             t, h, w = (positive_int(f"parts[{i}][{k}]", n) for k, n in enumerate(part))
-            grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
+            grid = torch.stack(
+                torch.meshgrid(
+                    torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"
+                )
+            ).reshape(3, -1)
             pieces.append(grid + current)
         else:
-            raise TypeError(f"parts[{i}] must be an int (text tokens) or a (t, h, w) grid, got {part!r}")
+            raise TypeError(
+                f"parts[{i}] must be an int (text tokens) or a (t, h, w) grid, got {part!r}"
+            )
         current = int(pieces[-1].max()) + 1
     if not pieces:
         raise ValueError("parts must list at least one text run or grid")

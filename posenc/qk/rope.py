@@ -11,7 +11,14 @@ import inspect
 
 import torch
 
-from .._checks import PAIRS, as_positions, choice, positive_float, positive_int, same_last_dim
+from .._checks import (
+    PAIRS,
+    as_positions,
+    choice,
+    positive_float,
+    positive_int,
+    same_last_dim,
+)
 from ..scheme import Scheme, register
 from .rope_scaling import ROPE_TYPES
 
@@ -33,7 +40,9 @@ def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
     positive_int("head_dim", head_dim, even=PAIRS)
     factor = positive_float("partial_rotary_factor", partial_rotary_factor)
     if factor > 1.0:
-        raise ValueError(f"partial_rotary_factor must be in (0, 1] (the fraction of each head that rotates), got {factor}")
+        raise ValueError(
+            f"partial_rotary_factor must be in (0, 1] (the fraction of each head that rotates), got {factor}"
+        )
     rotated = int(head_dim * factor)
     if rotated < 2 or rotated % 2:
         raise ValueError(
@@ -44,7 +53,12 @@ def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
 
 
 def rope_frequencies(
-    head_dim: int, base: float = 10000.0, rope_type: str = "default", numerics: str = "float64", partial_rotary_factor: float = 1.0, **params
+    head_dim: int,
+    base: float = 10000.0,
+    rope_type: str = "default",
+    numerics: str = "float64",
+    partial_rotary_factor: float = 1.0,
+    **params,
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies theta_i, i < rotated/2, and the attention factor, for a `rope_type`.
 
@@ -70,22 +84,37 @@ def rope_frequencies(
     choice("numerics", numerics, tuple(NUMERICS))
     positive_float("base", base, minimum=1.0)
     accepted = rope_parameters(rope_type)
-    if "partial_rotary_factor" in accepted:  # a schedule that reads the factor itself (proportional) pairs the whole head
+    if (
+        "partial_rotary_factor" in accepted
+    ):  # a schedule that reads the factor itself (proportional) pairs the whole head
         positive_int("head_dim", head_dim, even=PAIRS)
-        rotated, params = head_dim, {**params, "partial_rotary_factor": partial_rotary_factor}
+        rotated, params = (
+            head_dim,
+            {**params, "partial_rotary_factor": partial_rotary_factor},
+        )
     else:
         rotated = rotary_dim(head_dim, partial_rotary_factor)
     unknown = sorted(set(params) - set(accepted))
     if unknown:
-        raise TypeError(f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}")
-    missing = sorted(name for name, default in accepted.items() if default is inspect.Parameter.empty and name not in params)
+        raise TypeError(
+            f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}"
+        )
+    missing = sorted(
+        name
+        for name, default in accepted.items()
+        if default is inspect.Parameter.empty and name not in params
+    )
     if missing:
         raise ValueError(f"rope_type {rope_type!r} needs {', '.join(missing)}")
-    inv_freq, attention_factor = ROPE_TYPES[rope_type](rotated, base, NUMERICS[numerics], **params)
+    inv_freq, attention_factor = ROPE_TYPES[rope_type](
+        rotated, base, NUMERICS[numerics], **params
+    )
     return inv_freq.float(), attention_factor
 
 
-def rope_angles(positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def rope_angles(
+    positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Angles m * theta_i of shape positions.shape + (len(inv_freq),), formed in `dtype`.
 
     apply_rope uses float32 (float64 for float64 inputs). Other dtypes are here to show
@@ -94,7 +123,9 @@ def rope_angles(positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.fl
     """
     p = as_positions("positions", positions, integer=False)
     if inv_freq.ndim != 1:
-        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+        raise ValueError(
+            f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}"
+        )
     return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
 
 
@@ -123,16 +154,22 @@ def _broadcastable(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     try:
         torch.broadcast_shapes(p.shape, x.shape[:-1])
     except RuntimeError:
-        raise ValueError(f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}") from None
+        raise ValueError(
+            f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}"
+        ) from None
     return p
 
 
 def _angle_dtype(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.dtype:
     """float32, or float64 where x or the frequencies are float64: never below float32."""
-    return torch.promote_types(torch.float32, torch.promote_types(x.dtype, inv_freq.dtype))
+    return torch.promote_types(
+        torch.float32, torch.promote_types(x.dtype, inv_freq.dtype)
+    )
 
 
-def rope_cos_sin(positions, inv_freq: torch.Tensor, like: torch.Tensor, attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions, inv_freq: torch.Tensor, like: torch.Tensor, attention_factor: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the angles position * theta_i, (..., seq_len, head_dim/2), in `like`'s dtype and device.
 
     The angles and their cos and sin are formed in float32 (float64 for float64
@@ -155,7 +192,13 @@ def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     return pairs[..., 0], pairs[..., 1]
 
 
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half", rotated_part: str = "first") -> torch.Tensor:
+def rotate_pairs(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    rotated_part: str = "first",
+) -> torch.Tensor:
     """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, rotated/2).
 
     The first `rotated` = 2 * cos.shape[-1] dimensions of x are paired and rotated (all of
@@ -174,15 +217,33 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
     if rotated < x.shape[-1]:
         if rotated_part == "last":
             turned = rotate_pairs(x[..., -rotated:], cos, sin, layout)
-            return torch.cat((x[..., :-rotated].to(turned.dtype).expand(*turned.shape[:-1], -1), turned), -1)
+            return torch.cat(
+                (
+                    x[..., :-rotated].to(turned.dtype).expand(*turned.shape[:-1], -1),
+                    turned,
+                ),
+                -1,
+            )
         turned = rotate_pairs(x[..., :rotated], cos, sin, layout)
-        return torch.cat((turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)), -1)
+        return torch.cat(
+            (turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)),
+            -1,
+        )
     x1, x2 = _pairs(x, layout)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)):
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled()
+        and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    ):
         first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        return torch.cat((first, second), -1) if layout == "half" else torch.stack((first, second), -1).flatten(-2)
+        return (
+            torch.cat((first, second), -1)
+            if layout == "half"
+            else torch.stack((first, second), -1).flatten(-2)
+        )
     shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)
-    out = torch.empty(shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
+    out = torch.empty(
+        shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device
+    )
     o1, o2 = _pairs(out, layout)
     scratch = torch.mul(x2, sin)
     torch.mul(x1, cos, out=o1).sub_(scratch)
@@ -195,7 +256,12 @@ ROTATED_PARTS = ("first", "last")
 
 
 def apply_rope(
-    x: torch.Tensor, positions, inv_freq: torch.Tensor, layout: str = "half", attention_factor: float = 1.0, partial_rotary_factor: float = 1.0,
+    x: torch.Tensor,
+    positions,
+    inv_freq: torch.Tensor,
+    layout: str = "half",
+    attention_factor: float = 1.0,
+    partial_rotary_factor: float = 1.0,
     rotated_part: str = "first",
 ) -> torch.Tensor:
     """Rotate each pair of dimensions of x by the angle position * theta_i.
@@ -216,16 +282,25 @@ def apply_rope(
     choice("rotated_part", rotated_part, ROTATED_PARTS)
     rotated = rotary_dim(x.shape[-1], partial_rotary_factor)
     if rotated == x.shape[-1]:
-        same_last_dim("x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}")
+        same_last_dim(
+            "x", x, 2 * inv_freq.shape[-1], f"inv_freq of length {inv_freq.shape[-1]}"
+        )
     else:
-        same_last_dim("inv_freq", inv_freq, rotated // 2, f"partial_rotary_factor={partial_rotary_factor} of head_dim {x.shape[-1]} (rotating {rotated})")
+        same_last_dim(
+            "inv_freq",
+            inv_freq,
+            rotated // 2,
+            f"partial_rotary_factor={partial_rotary_factor} of head_dim {x.shape[-1]} (rotating {rotated})",
+        )
     positive_float("attention_factor", attention_factor)
     p = _broadcastable(as_positions("positions", positions, integer=False), x)
     cos, sin = rope_cos_sin(p, inv_freq, x, attention_factor)
     return rotate_pairs(x, cos, sin, layout, rotated_part)
 
 
-def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = "half") -> torch.Tensor:
+def rope_rotation_matrix(
+    position: float, inv_freq: torch.Tensor, layout: str = "half"
+) -> torch.Tensor:
     """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T, in float64.
 
     Block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
@@ -242,15 +317,23 @@ def rope_rotation_matrix(position: float, inv_freq: torch.Tensor, layout: str = 
     return r
 
 
-def apply_rope_complex(x: torch.Tensor, positions, inv_freq: torch.Tensor) -> torch.Tensor:
+def apply_rope_complex(
+    x: torch.Tensor, positions, inv_freq: torch.Tensor
+) -> torch.Tensor:
     """RoPE in the complex form: adjacent pairs (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^{i m theta_i}.
 
     This is the interleaved layout, written as Meta's original LLaMA code
     writes it; it must agree with apply_rope(..., layout="interleaved").
     """
-    angles = rope_angles(as_positions("positions", positions, integer=False), inv_freq, torch.float64)
+    angles = rope_angles(
+        as_positions("positions", positions, integer=False), inv_freq, torch.float64
+    )
     z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)).flatten(-2).to(x.dtype)
+    return (
+        torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles))
+        .flatten(-2)
+        .to(x.dtype)
+    )
 
 
 def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
@@ -264,7 +347,12 @@ def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
     return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
 
 
-def apply_rope_angles(x: torch.Tensor, angles: torch.Tensor, layout: str = "half", attention_factor: float = 1.0) -> torch.Tensor:
+def apply_rope_angles(
+    x: torch.Tensor,
+    angles: torch.Tensor,
+    layout: str = "half",
+    attention_factor: float = 1.0,
+) -> torch.Tensor:
     """Rotate each pair of dimensions of x by given angles (..., seq_len, head_dim/2): the second half of apply_rope.
 
     Use it with angles formed elsewhere, for example in a low precision to measure
@@ -273,11 +361,17 @@ def apply_rope_angles(x: torch.Tensor, angles: torch.Tensor, layout: str = "half
     """
     _check_x(x)
     if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
-        raise TypeError("angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)")
+        raise TypeError(
+            "angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)"
+        )
     choice("layout", layout, LAYOUTS)
-    same_last_dim("x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}")
+    same_last_dim(
+        "x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}"
+    )
     positive_float("attention_factor", attention_factor)
-    angles = angles.to(device=x.device, dtype=torch.promote_types(angles.dtype, torch.float32))
+    angles = angles.to(
+        device=x.device, dtype=torch.promote_types(angles.dtype, torch.float32)
+    )
     cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
     return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype), layout)
 
@@ -289,9 +383,13 @@ def rope_decay_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
     and a key r positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|,
     where h_j is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
     """
-    r = as_positions("distances", distances, integer=False).to(device=inv_freq.device, dtype=torch.float64)
+    r = as_positions("distances", distances, integer=False).to(
+        device=inv_freq.device, dtype=torch.float64
+    )
     if inv_freq.ndim != 1:
-        raise ValueError(f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}")
+        raise ValueError(
+            f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}"
+        )
     phases = r[..., None] * inv_freq.to(torch.float64)
     partial_sums = torch.polar(torch.ones_like(phases), phases).cumsum(dim=-1)
     return partial_sums.abs().mean(dim=-1)
@@ -313,22 +411,37 @@ class Rope(Scheme):
     hook = "qk"
 
     def __init__(
-        self, head_dim: int, base: float = 10000.0, layout: str = "half", rope_type: str = "default", numerics: str = "float64",
-        rotated_part: str = "first", **rope_params,
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        layout: str = "half",
+        rope_type: str = "default",
+        numerics: str = "float64",
+        rotated_part: str = "first",
+        **rope_params,
     ):
         super().__init__()
         self.layout = choice("layout", layout, LAYOUTS)
         self.rotated_part = choice("rotated_part", rotated_part, ROTATED_PARTS)
         self.rope_type, self.numerics = rope_type, numerics
         self.rope_params = dict(rope_params)
-        inv_freq, attention_factor = rope_frequencies(head_dim, base, rope_type, numerics, **rope_params)
-        self.head_dim, self.base, self.attention_factor = head_dim, base, attention_factor
+        inv_freq, attention_factor = rope_frequencies(
+            head_dim, base, rope_type, numerics, **rope_params
+        )
+        self.head_dim, self.base, self.attention_factor = (
+            head_dim,
+            base,
+            attention_factor,
+        )
         self.register_float32_buffer("inv_freq", inv_freq)
 
     @property
     def follows_length(self) -> bool:
         """Dynamic NTK and LongRoPE without a fixed seq_len: the frequencies follow the largest position seen in each call."""
-        return self.rope_type in ("dynamic", "longrope") and "seq_len" not in self.rope_params
+        return (
+            self.rope_type in ("dynamic", "longrope")
+            and "seq_len" not in self.rope_params
+        )
 
     def frequencies_for(self, positions) -> torch.Tensor:
         """The inverse frequencies used for these positions (they depend on them only for dynamic NTK and LongRoPE)."""
@@ -338,10 +451,19 @@ class Rope(Scheme):
         # the length seen so far; an empty chunk or positions below 0 (left padding) are a length of 1, which grows
         # nothing and keeps LongRoPE's short factors, as in Hugging Face
         seq_len = max(int(p.max()) + 1, 1) if p.numel() else 1
-        inv_freq, _ = rope_frequencies(self.head_dim, self.base, self.rope_type, self.numerics, seq_len=seq_len, **self.rope_params)
+        inv_freq, _ = rope_frequencies(
+            self.head_dim,
+            self.base,
+            self.rope_type,
+            self.numerics,
+            seq_len=seq_len,
+            **self.rope_params,
+        )
         return inv_freq.to(self.inv_freq.device)
 
-    def cos_sin(self, positions, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for these positions in like's dtype: sliced from a cached table when positions is a range.
 
         Frequencies that do not follow the length share one table per power of two, so
@@ -351,16 +473,32 @@ class Rope(Scheme):
         """
         same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
         if isinstance(positions, range) and positions.step == 1:
-            stop = positions.stop if self.follows_length else 1 << max(positions.stop - 1, 0).bit_length()
+            stop = (
+                positions.stop
+                if self.follows_length
+                else 1 << max(positions.stop - 1, 0).bit_length()
+            )
 
             def table():
                 with torch.no_grad():
-                    return rope_cos_sin(torch.arange(stop), self.frequencies_for(range(stop)), like, self.attention_factor)
+                    return rope_cos_sin(
+                        torch.arange(stop),
+                        self.frequencies_for(range(stop)),
+                        like,
+                        self.attention_factor,
+                    )
 
             cos, sin = self.cached(("cos_sin", stop, like.device, like.dtype), table)
-            return cos[positions.start : positions.stop], sin[positions.start : positions.stop]
+            return cos[positions.start : positions.stop], sin[
+                positions.start : positions.stop
+            ]
         p = as_positions("positions", positions, integer=False)
-        return rope_cos_sin(_broadcastable(p, like), self.frequencies_for(p), like, self.attention_factor)
+        return rope_cos_sin(
+            _broadcastable(p, like),
+            self.frequencies_for(p),
+            like,
+            self.attention_factor,
+        )
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         _check_x(x)
@@ -370,5 +508,9 @@ class Rope(Scheme):
     def extra_repr(self) -> str:
         params = "".join(f", {k}={v}" for k, v in self.rope_params.items())
         numerics = "" if self.numerics == "float64" else f", numerics={self.numerics!r}"
-        part = "" if self.rotated_part == "first" else f", rotated_part={self.rotated_part!r}"
+        part = (
+            ""
+            if self.rotated_part == "first"
+            else f", rotated_part={self.rotated_part!r}"
+        )
         return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}{numerics}{part}"

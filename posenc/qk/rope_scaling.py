@@ -16,9 +16,13 @@ import torch
 from .._checks import PAIRS, positive_float, positive_int
 
 
-def default_inv_freq(head_dim: int, base: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def default_inv_freq(
+    head_dim: int, base: float, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """theta_i = base^(-2i/head_dim), formed in `dtype` as transformers forms it (in float32 there)."""
-    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim))
+    return 1.0 / (
+        base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim)
+    )
 
 
 def _factor(factor) -> float:
@@ -27,16 +31,24 @@ def _factor(factor) -> float:
 
 def _original(original_max_position_embeddings, rope_type: str) -> int:
     if original_max_position_embeddings is None:
-        raise ValueError(f"rope_type {rope_type!r} needs original_max_position_embeddings (the pretraining context length)")
-    return positive_int("original_max_position_embeddings", original_max_position_embeddings)
+        raise ValueError(
+            f"rope_type {rope_type!r} needs original_max_position_embeddings (the pretraining context length)"
+        )
+    return positive_int(
+        "original_max_position_embeddings", original_max_position_embeddings
+    )
 
 
-def default(head_dim: int, base: float, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+def default(
+    head_dim: int, base: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, float]:
     """Plain RoPE (Su et al.)."""
     return default_inv_freq(head_dim, base, dtype), 1.0
 
 
-def linear(head_dim: int, base: float, dtype: torch.dtype, factor: float) -> tuple[torch.Tensor, float]:
+def linear(
+    head_dim: int, base: float, dtype: torch.dtype, factor: float
+) -> tuple[torch.Tensor, float]:
     """Position interpolation (Chen et al., 2023): every frequency divided by `factor`, i.e. positions m / factor."""
     return default_inv_freq(head_dim, base, dtype) / _factor(factor), 1.0
 
@@ -45,11 +57,15 @@ def ntk_base(head_dim: int, base: float, factor: float) -> float:
     """NTK-aware base: base * factor^(d / (d - 2)), so the lowest frequency is divided by exactly `factor`."""
     positive_int("head_dim", head_dim, even=PAIRS)
     if head_dim < 4:
-        raise ValueError(f"NTK-aware scaling needs head_dim >= 4 (it raises to d / (d - 2)), got {head_dim}")
+        raise ValueError(
+            f"NTK-aware scaling needs head_dim >= 4 (it raises to d / (d - 2)), got {head_dim}"
+        )
     return base * _factor(factor) ** (head_dim / (head_dim - 2))
 
 
-def ntk(head_dim: int, base: float, dtype: torch.dtype, factor: float) -> tuple[torch.Tensor, float]:
+def ntk(
+    head_dim: int, base: float, dtype: torch.dtype, factor: float
+) -> tuple[torch.Tensor, float]:
     """Static NTK-aware scaling (bloc97, 2023): plain RoPE with the base raised to ntk_base.
 
     The highest frequency (i = 0) is unchanged, the lowest (i = d/2 - 1) divided by
@@ -59,18 +75,32 @@ def ntk(head_dim: int, base: float, dtype: torch.dtype, factor: float) -> tuple[
     return default_inv_freq(head_dim, ntk_base(head_dim, base, factor), dtype), 1.0
 
 
-def dynamic(head_dim: int, base: float, dtype: torch.dtype, factor: float, max_position_embeddings: int, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+def dynamic(
+    head_dim: int,
+    base: float,
+    dtype: torch.dtype,
+    factor: float,
+    max_position_embeddings: int,
+    seq_len: int | None = None,
+) -> tuple[torch.Tensor, float]:
     """Dynamic NTK (emozilla, 2023), as Hugging Face computes it for the current length `seq_len`.
 
     Below max_position_embeddings it is plain RoPE; past it the base becomes
     base * (factor * seq_len / max_position_embeddings - (factor - 1))^(d / (d - 2)),
     so the frequencies change as the sequence grows.
     """
-    factor, max_len = _factor(factor), positive_int("max_position_embeddings", max_position_embeddings)
-    seq_len = max_len if seq_len is None else max(positive_int("seq_len", seq_len), max_len)
+    factor, max_len = (
+        _factor(factor),
+        positive_int("max_position_embeddings", max_position_embeddings),
+    )
+    seq_len = (
+        max_len if seq_len is None else max(positive_int("seq_len", seq_len), max_len)
+    )
     if head_dim < 4:
         raise ValueError(f"dynamic NTK scaling needs head_dim >= 4, got {head_dim}")
-    scaled = base * (factor * seq_len / max_len - (factor - 1)) ** (head_dim / (head_dim - 2))
+    scaled = base * (factor * seq_len / max_len - (factor - 1)) ** (
+        head_dim / (head_dim - 2)
+    )
     return default_inv_freq(head_dim, scaled, dtype), 1.0
 
 
@@ -79,15 +109,31 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def yarn_correction_dim(num_rotations: float, head_dim: int, base: float, original_max_position_embeddings: int) -> float:
+def yarn_correction_dim(
+    num_rotations: float,
+    head_dim: int,
+    base: float,
+    original_max_position_embeddings: int,
+) -> float:
     """The (real-valued) pair index i whose wavelength fits `num_rotations` times into the original context.
 
     Solves original_max_position_embeddings / (2 pi base^(2i/d)) = num_rotations for i.
     """
-    return head_dim * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+    return (
+        head_dim
+        * math.log(original_max_position_embeddings / (num_rotations * 2 * math.pi))
+        / (2 * math.log(base))
+    )
 
 
-def yarn_ramp(head_dim: int, base: float, original_max_position_embeddings: int, beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> torch.Tensor:
+def yarn_ramp(
+    head_dim: int,
+    base: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> torch.Tensor:
     """NTK-by-parts blend per pair, in float32: 0 keeps the original frequency, 1 interpolates it fully.
 
     Pairs that rotate more than beta_fast times within the original context keep
@@ -96,8 +142,12 @@ def yarn_ramp(head_dim: int, base: float, original_max_position_embeddings: int,
     (truncate=True) and clamped to [0, head_dim - 1] as Hugging Face and the YaRN
     code do (head_dim - 1, not head_dim/2 - 1: a clamp that rarely binds).
     """
-    low = yarn_correction_dim(beta_fast, head_dim, base, original_max_position_embeddings)
-    high = yarn_correction_dim(beta_slow, head_dim, base, original_max_position_embeddings)
+    low = yarn_correction_dim(
+        beta_fast, head_dim, base, original_max_position_embeddings
+    )
+    high = yarn_correction_dim(
+        beta_slow, head_dim, base, original_max_position_embeddings
+    )
     if truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
@@ -131,22 +181,35 @@ def yarn(
     original = _original(original_max_position_embeddings, "yarn")
     if factor is None:
         if max_position_embeddings is None:
-            raise ValueError("rope_type 'yarn' needs factor, or max_position_embeddings to derive it from")
-        factor = positive_int("max_position_embeddings", max_position_embeddings) / original
+            raise ValueError(
+                "rope_type 'yarn' needs factor, or max_position_embeddings to derive it from"
+            )
+        factor = (
+            positive_int("max_position_embeddings", max_position_embeddings) / original
+        )
     factor = _factor(factor)
-    beta_fast, beta_slow = positive_float("beta_fast", beta_fast), positive_float("beta_slow", beta_slow)
+    beta_fast, beta_slow = (
+        positive_float("beta_fast", beta_fast),
+        positive_float("beta_slow", beta_slow),
+    )
     if beta_fast < beta_slow:
         raise ValueError(
             f"beta_fast must not be below beta_slow (rotations: fast pairs keep their frequency; equal: a hard cut), got beta_fast={beta_fast}, beta_slow={beta_slow}"
         )
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(
+                factor, mscale_all_dim
+            )
         else:
             attention_factor = yarn_mscale(factor)
     attention_factor = positive_float("attention_factor", attention_factor)
-    pos_freqs = base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim)
-    keep = 1 - yarn_ramp(head_dim, base, original, beta_fast, beta_slow, truncate).to(dtype)  # float32, as the reference
+    pos_freqs = base ** (
+        torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+    )
+    keep = 1 - yarn_ramp(head_dim, base, original, beta_fast, beta_slow, truncate).to(
+        dtype
+    )  # float32, as the reference
     inv_freq = 1.0 / (factor * pos_freqs) * (1 - keep) + 1.0 / pos_freqs * keep
     return inv_freq, float(attention_factor)
 
@@ -156,9 +219,13 @@ def _per_pair(name: str, values, head_dim: int) -> list[float]:
     if isinstance(values, torch.Tensor):
         values = values.tolist()
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
-        raise TypeError(f"{name} must be a list of head_dim / 2 = {head_dim // 2} numbers (one per rotated pair), got {type(values).__name__}")
+        raise TypeError(
+            f"{name} must be a list of head_dim / 2 = {head_dim // 2} numbers (one per rotated pair), got {type(values).__name__}"
+        )
     if len(values) != head_dim // 2:
-        raise ValueError(f"{name} must have head_dim / 2 = {head_dim // 2} entries, one per rotated pair, got {len(values)}")
+        raise ValueError(
+            f"{name} must have head_dim / 2 = {head_dim // 2} entries, one per rotated pair, got {len(values)}"
+        )
     return [positive_float(f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
@@ -184,22 +251,43 @@ def longrope(
     multiplying cos and sin for both sets.
     """
     original = _original(original_max_position_embeddings, "longrope")
-    short, long = _per_pair("short_factor", short_factor, head_dim), _per_pair("long_factor", long_factor, head_dim)
+    short, long = (
+        _per_pair("short_factor", short_factor, head_dim),
+        _per_pair("long_factor", long_factor, head_dim),
+    )
     if factor is None:
         if max_position_embeddings is None:
-            raise ValueError("rope_type 'longrope' needs factor, or max_position_embeddings to derive it from")
-        factor = positive_int("max_position_embeddings", max_position_embeddings) / original
+            raise ValueError(
+                "rope_type 'longrope' needs factor, or max_position_embeddings to derive it from"
+            )
+        factor = (
+            positive_int("max_position_embeddings", max_position_embeddings) / original
+        )
     factor = positive_float("factor", factor)
     if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        attention_factor = (
+            1.0
+            if factor <= 1.0
+            else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
     attention_factor = positive_float("attention_factor", attention_factor)
     is_long = seq_len is not None and positive_int("seq_len", seq_len) > original
     ext_factors = torch.tensor(long if is_long else short, dtype=dtype)
-    inv_freq_shape = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+    inv_freq_shape = (
+        torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype) / head_dim
+    )
     return 1.0 / (ext_factors * base**inv_freq_shape), float(attention_factor)
 
 
-def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, original_max_position_embeddings: int | None = None, low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
+def llama3(
+    head_dim: int,
+    base: float,
+    dtype: torch.dtype,
+    factor: float,
+    original_max_position_embeddings: int | None = None,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+) -> tuple[torch.Tensor, float]:
     """Llama 3.1's scaling: wavelength bands with a smooth blend between them.
 
     Wavelengths shorter than original / high_freq_factor keep their frequency;
@@ -211,9 +299,14 @@ def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, origin
     """
     factor = _factor(factor)
     original = _original(original_max_position_embeddings, "llama3")
-    low, high = positive_float("low_freq_factor", low_freq_factor), positive_float("high_freq_factor", high_freq_factor)
+    low, high = (
+        positive_float("low_freq_factor", low_freq_factor),
+        positive_float("high_freq_factor", high_freq_factor),
+    )
     if low > high:
-        raise ValueError(f"low_freq_factor must not exceed high_freq_factor (equal: a hard cut), got low_freq_factor={low}, high_freq_factor={high}")
+        raise ValueError(
+            f"low_freq_factor must not exceed high_freq_factor (equal: a hard cut), got low_freq_factor={low}, high_freq_factor={high}"
+        )
     inv_freq = default_inv_freq(head_dim, base, dtype)
     wavelength = 2 * math.pi / inv_freq
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
@@ -225,7 +318,13 @@ def llama3(head_dim: int, base: float, dtype: torch.dtype, factor: float, origin
     return torch.where(is_medium, blended, scaled), 1.0
 
 
-def proportional(head_dim: int, base: float, dtype: torch.dtype, partial_rotary_factor: float = 1.0, factor: float = 1.0) -> tuple[torch.Tensor, float]:
+def proportional(
+    head_dim: int,
+    base: float,
+    dtype: torch.dtype,
+    partial_rotary_factor: float = 1.0,
+    factor: float = 1.0,
+) -> tuple[torch.Tensor, float]:
     """p-RoPE (Barbero et al., 2025), Gemma 4's global layers: the fastest part of the full ladder turns, the rest does not.
 
     The first int(partial_rotary_factor * head_dim // 2) pairs keep theta_i = base^(-2i/head_dim),
@@ -236,17 +335,30 @@ def proportional(head_dim: int, base: float, dtype: torch.dtype, partial_rotary_
     slowest turning pair has a wavelength of 188 tokens here, millions there.
     `factor` divides every frequency, as in Hugging Face's `_compute_proportional_rope_parameters`.
     """
-    fraction = positive_float("partial_rotary_factor", partial_rotary_factor, minimum=0.0, inclusive=True)
+    fraction = positive_float(
+        "partial_rotary_factor", partial_rotary_factor, minimum=0.0, inclusive=True
+    )
     if fraction > 1.0:
-        raise ValueError(f"partial_rotary_factor must be in [0, 1] (the fraction of the ladder that turns), got {fraction}")
+        raise ValueError(
+            f"partial_rotary_factor must be in [0, 1] (the fraction of the ladder that turns), got {fraction}"
+        )
     turning = int(fraction * head_dim // 2)
-    ladder = 1.0 / (base ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).to(dtype) / head_dim))
+    ladder = 1.0 / (
+        base
+        ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).to(dtype) / head_dim)
+    )
     inv_freq = torch.cat((ladder, torch.zeros(head_dim // 2 - turning, dtype=dtype)))
     return inv_freq / positive_float("factor", factor), 1.0
 
 
 # rope_type -> function(head_dim, base, dtype, **params) -> (inv_freq, attention_factor)
 ROPE_TYPES = {
-    "default": default, "linear": linear, "ntk": ntk, "dynamic": dynamic, "yarn": yarn, "longrope": longrope, "llama3": llama3,
+    "default": default,
+    "linear": linear,
+    "ntk": ntk,
+    "dynamic": dynamic,
+    "yarn": yarn,
+    "longrope": longrope,
+    "llama3": llama3,
     "proportional": proportional,
 }

@@ -27,7 +27,9 @@ def _is_text(part) -> bool:
     return isinstance(part, int) and not isinstance(part, bool)
 
 
-def qwen2_5_vl_positions(parts, tokens_per_second: float = 2.0, start: int = 0) -> torch.Tensor:
+def qwen2_5_vl_positions(
+    parts, tokens_per_second: float = 2.0, start: int = 0
+) -> torch.Tensor:
     """Qwen2.5-VL's (3, L) position ids: Qwen2-VL's, with each video's time ids in absolute time.
 
     `parts` lists ints (text runs), (1, h, w) images and (t, h, w, second_per_grid_t) videos,
@@ -52,17 +54,37 @@ def qwen2_5_vl_positions(parts, tokens_per_second: float = 2.0, start: int = 0) 
     current, pieces = non_negative_int("start", start), []
     for i, part in enumerate(parts):
         if _is_text(part):
-            pieces.append(torch.arange(current, current + positive_int(f"parts[{i}]", part)).expand(3, -1))
+            pieces.append(
+                torch.arange(
+                    current, current + positive_int(f"parts[{i}]", part)
+                ).expand(3, -1)
+            )
         elif isinstance(part, (tuple, list)) and len(part) in (3, 4):
-            t, h, w = (positive_int(f"parts[{i}][{k}]", n) for k, n in enumerate(part[:3]))
+            t, h, w = (
+                positive_int(f"parts[{i}][{k}]", n) for k, n in enumerate(part[:3])
+            )
             if len(part) == 3 and t != 1:
-                raise ValueError(f"parts[{i}] = {tuple(part)} has t = {t}: an image has t = 1; give a video as (t, h, w, second_per_grid_t)")
-            seconds = positive_float(f"parts[{i}][3] (second_per_grid_t)", part[3]) if len(part) == 4 else 0.0
-            times = (torch.arange(t, dtype=torch.float64) * (seconds * tokens_per_second)).floor().long()
-            grid = torch.stack(torch.meshgrid(times, torch.arange(h), torch.arange(w), indexing="ij")).reshape(3, -1)
+                raise ValueError(
+                    f"parts[{i}] = {tuple(part)} has t = {t}: an image has t = 1; give a video as (t, h, w, second_per_grid_t)"
+                )
+            seconds = (
+                positive_float(f"parts[{i}][3] (second_per_grid_t)", part[3])
+                if len(part) == 4
+                else 0.0
+            )
+            times = (
+                (torch.arange(t, dtype=torch.float64) * (seconds * tokens_per_second))
+                .floor()
+                .long()
+            )
+            grid = torch.stack(
+                torch.meshgrid(times, torch.arange(h), torch.arange(w), indexing="ij")
+            ).reshape(3, -1)
             pieces.append(grid + current)
         else:
-            raise TypeError(f"parts[{i}] must be an int (text tokens), a (1, h, w) image or a (t, h, w, second_per_grid_t) video, got {part!r}")
+            raise TypeError(
+                f"parts[{i}] must be an int (text tokens), a (1, h, w) image or a (t, h, w, second_per_grid_t) video, got {part!r}"
+            )
         current = int(pieces[-1].max()) + 1
     if not pieces:
         raise ValueError("parts must list at least one text run or grid")
@@ -80,8 +102,14 @@ def qwen3_vl_video_parts(height: int, width: int, timestamp_tokens) -> list:
     around the video, to qwen3_vl_positions.
     """
     height, width = positive_int("height", height), positive_int("width", width)
-    if isinstance(timestamp_tokens, (str, bytes)) or not hasattr(timestamp_tokens, "__len__") or len(timestamp_tokens) == 0:
-        raise TypeError(f"timestamp_tokens must be a list of token counts, one per temporal patch of the video, got {timestamp_tokens!r}")
+    if (
+        isinstance(timestamp_tokens, (str, bytes))
+        or not hasattr(timestamp_tokens, "__len__")
+        or len(timestamp_tokens) == 0
+    ):
+        raise TypeError(
+            f"timestamp_tokens must be a list of token counts, one per temporal patch of the video, got {timestamp_tokens!r}"
+        )
     parts = []
     for k, n in enumerate(timestamp_tokens):
         parts += [positive_int(f"timestamp_tokens[{k}]", n) + 1, (1, height, width), 1]
@@ -100,7 +128,9 @@ def qwen3_vl_positions(parts, start: int = 0) -> torch.Tensor:
     """
     for i, part in enumerate(parts):
         if isinstance(part, (tuple, list)) and len(part) == 3 and part[0] != 1:
-            raise ValueError(f"parts[{i}] = {tuple(part)}: Qwen3-VL gives every grid one frame (t = 1); lay a video out with qwen3_vl_video_parts")
+            raise ValueError(
+                f"parts[{i}] = {tuple(part)}: Qwen3-VL gives every grid one frame (t = 1); lay a video out with qwen3_vl_video_parts"
+            )
     return mrope_positions(parts, start)
 
 
@@ -114,20 +144,36 @@ def left_pad_position_ids(rows) -> tuple[torch.Tensor, torch.Tensor]:
     decodes. It is negative when images or videos compress the ids.
     """
     if isinstance(rows, torch.Tensor) or not hasattr(rows, "__len__") or len(rows) == 0:
-        raise TypeError(f"rows must be a non-empty list of (3, L_i) position-id tensors, one per sequence, got {type(rows).__name__}")
+        raise TypeError(
+            f"rows must be a non-empty list of (3, L_i) position-id tensors, one per sequence, got {type(rows).__name__}"
+        )
     for i, row in enumerate(rows):
-        if not isinstance(row, torch.Tensor) or row.ndim != 2 or row.shape[0] != 3 or row.shape[1] == 0 or row.is_floating_point():
-            shape = tuple(row.shape) if isinstance(row, torch.Tensor) else type(row).__name__
-            raise ValueError(f"rows[{i}] must be a (3, L) integer tensor of position ids with L >= 1, got {shape}")
+        if (
+            not isinstance(row, torch.Tensor)
+            or row.ndim != 2
+            or row.shape[0] != 3
+            or row.shape[1] == 0
+            or row.is_floating_point()
+        ):
+            shape = (
+                tuple(row.shape)
+                if isinstance(row, torch.Tensor)
+                else type(row).__name__
+            )
+            raise ValueError(
+                f"rows[{i}] must be a (3, L) integer tensor of position ids with L >= 1, got {shape}"
+            )
     length = max(row.shape[1] for row in rows)
     ids = torch.zeros(3, len(rows), length, dtype=torch.int64)
     for i, row in enumerate(rows):
-        ids[:, i, length - row.shape[1]:] = row
+        ids[:, i, length - row.shape[1] :] = row
     deltas = torch.tensor([[int(row.max()) + 1 - row.shape[1]] for row in rows])
     return ids, deltas
 
 
-def row_break_positions(height: int, width: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def row_break_positions(
+    height: int, width: int, start: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D positions of an image of height x width tokens in raster order with a break token after each row.
 
     Returns (positions, is_break), both of length height * (width + 1): the tokens of row r
@@ -138,7 +184,11 @@ def row_break_positions(height: int, width: int, start: int = 0) -> tuple[torch.
     image to a language model with plain RoPE: the image keeps its shape only through
     the breaks, which is the baseline to M-RoPE's (row, col) ids.
     """
-    height, width, start = positive_int("height", height), positive_int("width", width), non_negative_int("start", start)
+    height, width, start = (
+        positive_int("height", height),
+        positive_int("width", width),
+        non_negative_int("start", start),
+    )
     positions = torch.arange(start, start + height * (width + 1))
     is_break = (torch.arange(height * (width + 1)) % (width + 1)) == width
     return positions, is_break

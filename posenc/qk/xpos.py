@@ -15,16 +15,33 @@ import math
 
 import torch
 
-from .._checks import PAIRS, as_positions, choice, positive_float, positive_int, same_last_dim
+from .._checks import (
+    PAIRS,
+    as_positions,
+    choice,
+    positive_float,
+    positive_int,
+    same_last_dim,
+)
 from ..scheme import Scheme, register
-from .rope import LAYOUTS, _angle_dtype, _broadcastable, _check_x, rope_angles, rope_frequencies, rotate_pairs
+from .rope import (
+    LAYOUTS,
+    _angle_dtype,
+    _broadcastable,
+    _check_x,
+    rope_angles,
+    rope_frequencies,
+    rotate_pairs,
+)
 
 
 def xpos_zeta(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
     """zeta_i = (2i / head_dim + gamma) / (1 + gamma) for i < head_dim / 2, in float64: torchscale's (2i + 0.4 d) / (1.4 d)."""
     positive_int("head_dim", head_dim, even=PAIRS)
     gamma = positive_float("gamma", gamma)
-    return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + gamma) / (1 + gamma)
+    return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + gamma) / (
+        1 + gamma
+    )
 
 
 @register
@@ -42,17 +59,29 @@ class XPos(Scheme):
     name = "xpos"
     hook = "qk"
 
-    def __init__(self, head_dim: int, base: float = 10000.0, scale_base: float = 512.0, gamma: float = 0.4, layout: str = "half"):
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        layout: str = "half",
+    ):
         super().__init__()
         self.layout = choice("layout", layout, LAYOUTS)
         self.head_dim, self.base = head_dim, base
-        self.scale_base, self.gamma = positive_float("scale_base", scale_base), positive_float("gamma", gamma)
+        self.scale_base, self.gamma = (
+            positive_float("scale_base", scale_base),
+            positive_float("gamma", gamma),
+        )
         self.register_float32_buffer("inv_freq", rope_frequencies(head_dim, base)[0])
         self.register_float32_buffer("log_zeta", xpos_zeta(head_dim, gamma).log())
 
     def _check_range(self, p: torch.Tensor, dtype: torch.dtype) -> None:
         info = torch.finfo(dtype)
-        limit = min(math.log(info.max), -math.log(info.tiny)) - 2.0  # headroom for the products that follow
+        limit = (
+            min(math.log(info.max), -math.log(info.tiny)) - 2.0
+        )  # headroom for the products that follow
         largest = float(p.abs().max()) if p.numel() else 0.0
         steepest = -float(self.log_zeta[0])
         if largest * steepest / self.scale_base > limit:
@@ -63,16 +92,31 @@ class XPos(Scheme):
                 f"or use a larger scale_base"
             )
 
-    def scaled_cos_sin(self, positions, like: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def scaled_cos_sin(
+        self, positions, like: torch.Tensor, sign: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the RoPE angles times zeta^(sign * position / scale_base), in like's dtype."""
         same_last_dim("x", like, self.head_dim, f"XPos(head_dim={self.head_dim})")
-        p = torch.arange(positions.start, positions.stop) if isinstance(positions, range) else as_positions("positions", positions, integer=False)
+        p = (
+            torch.arange(positions.start, positions.stop)
+            if isinstance(positions, range)
+            else as_positions("positions", positions, integer=False)
+        )
         p = _broadcastable(p.to(like.device), like)
         dtype = _angle_dtype(like, self.inv_freq)
-        self._check_range(p, like.dtype)  # the scales end in like.dtype, the narrowest range on the way
+        self._check_range(
+            p, like.dtype
+        )  # the scales end in like.dtype, the narrowest range on the way
         angles = rope_angles(p, self.inv_freq.to(like.device), dtype)
-        scale = torch.exp(sign * p.to(dtype)[..., None] / self.scale_base * self.log_zeta.to(device=like.device, dtype=dtype))
-        return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(like.dtype)
+        scale = torch.exp(
+            sign
+            * p.to(dtype)[..., None]
+            / self.scale_base
+            * self.log_zeta.to(device=like.device, dtype=dtype)
+        )
+        return (angles.cos() * scale).to(like.dtype), (angles.sin() * scale).to(
+            like.dtype
+        )
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:
         """Queries: rotated and scaled by zeta^(m / scale_base)."""

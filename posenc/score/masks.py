@@ -71,7 +71,9 @@ def sliding_window(window: int, num_sinks: int = 0) -> Mask:
     """
     positive_int("window", window)
     if non_negative_int("num_sinks", num_sinks) > window:
-        raise ValueError(f"num_sinks must not exceed the window: got num_sinks={num_sinks}, window={window}")
+        raise ValueError(
+            f"num_sinks must not exceed the window: got num_sinks={num_sinks}, window={window}"
+        )
 
     def window_mod(b, h, q_pos, k_pos):
         return (k_pos <= q_pos) & (q_pos - k_pos < window)
@@ -80,7 +82,9 @@ def sliding_window(window: int, num_sinks: int = 0) -> Mask:
         return (k_pos <= q_pos) & (k_pos >= 0) & (k_pos < num_sinks)
 
     mod = or_masks(window_mod, sinks_mod) if num_sinks else window_mod
-    return Mask(mod, ("sliding_window", window, num_sinks), window=window, num_sinks=num_sinks)
+    return Mask(
+        mod, ("sliding_window", window, num_sinks), window=window, num_sinks=num_sinks
+    )
 
 
 def chunked(chunk_size: int) -> Mask:
@@ -92,7 +96,9 @@ def chunked(chunk_size: int) -> Mask:
     positive_int("chunk_size", chunk_size)
 
     def same_chunk(b, h, q_pos, k_pos):
-        return torch.div(q_pos, chunk_size, rounding_mode="floor") == torch.div(k_pos, chunk_size, rounding_mode="floor")
+        return torch.div(q_pos, chunk_size, rounding_mode="floor") == torch.div(
+            k_pos, chunk_size, rounding_mode="floor"
+        )
 
     return Mask(same_chunk, ("chunked", chunk_size))
 
@@ -136,9 +142,13 @@ def causal_with_blocks(block_ids) -> Mask:
     """
     ids = as_positions("block_ids", block_ids, integer=True)
     if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
-        raise ValueError(f"block_ids must have shape (n,) or (batch, n) with n >= 1, got {tuple(ids.shape)}")
+        raise ValueError(
+            f"block_ids must have shape (n,) or (batch, n) with n >= 1, got {tuple(ids.shape)}"
+        )
     if bool((ids < -1).any()):
-        raise ValueError(f"block_ids must be -1 (no block) or a block number >= 0, got {sorted(set(ids[ids < -1].tolist()))}")
+        raise ValueError(
+            f"block_ids must be -1 (no block) or a block number >= 0, got {sorted(set(ids[ids < -1].tolist()))}"
+        )
     last = ids.shape[-1] - 1
 
     def block_of(b, pos):
@@ -152,7 +162,12 @@ def causal_with_blocks(block_ids) -> Mask:
         return (k_pos <= q_pos) | ((q_block == block_of(b, k_pos)) & (q_block >= 0))
 
     key = ("causal_with_blocks", tuple(ids.shape), tuple(ids.flatten().tolist()))
-    return Mask(causal_or_same_block, key, sees_later_keys=True, rows=ids.shape[0] if ids.ndim == 2 else None)
+    return Mask(
+        causal_or_same_block,
+        key,
+        sees_later_keys=True,
+        rows=ids.shape[0] if ids.ndim == 2 else None,
+    )
 
 
 def and_masks(*mods: MaskMod) -> MaskMod:
@@ -188,9 +203,13 @@ def mask_matrix(mask_mod: MaskMod, q_positions, k_positions) -> torch.Tensor:
     q = as_positions("q_positions", q_positions, integer=True)
     k = as_positions("k_positions", k_positions, integer=True).to(q.device)
     if q.ndim != 1 or k.ndim != 1:
-        raise ValueError(f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     zero = torch.zeros((), dtype=torch.long, device=q.device)
-    return torch.as_tensor(mask_mod(zero, zero, q[:, None], k[None, :])).expand(len(q), len(k))
+    return torch.as_tensor(mask_mod(zero, zero, q[:, None], k[None, :])).expand(
+        len(q), len(k)
+    )
 
 
 class Masked(Layer):
@@ -206,9 +225,13 @@ class Masked(Layer):
 
     def __init__(self, mask: Mask, inner: Scheme | None = None):
         if not isinstance(mask, Mask):
-            raise TypeError(f"mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, prefix_lm, causal_with_blocks), got {type(mask).__name__}")
+            raise TypeError(
+                f"mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, prefix_lm, causal_with_blocks), got {type(mask).__name__}"
+            )
         if isinstance(inner, Layer):
-            raise ValueError(f"inner must not be another masked scheme ({inner.name}): combine the masks into one")
+            raise ValueError(
+                f"inner must not be another masked scheme ({inner.name}): combine the masks into one"
+            )
         super().__init__(inner, mask)
 
     def extra_repr(self) -> str:
@@ -227,7 +250,11 @@ class SlidingWindow(Masked):
     name = "sliding_window"
 
     def __init__(self, window: int, inner: Scheme | None = None, num_sinks: int = 0):
-        super().__init__(sliding_window(window, num_sinks), inner)  # checks window and num_sinks
+        super().__init__(
+            sliding_window(window, num_sinks), inner
+        )  # checks window and num_sinks
 
     def extra_repr(self) -> str:
-        return f"window={self.window}" + (f", num_sinks={self.num_sinks}" if self.num_sinks else "")
+        return f"window={self.window}" + (
+            f", num_sinks={self.num_sinks}" if self.num_sinks else ""
+        )

@@ -17,7 +17,6 @@ from ..positions import default_positions, relative_distance
 from ..scheme import Scheme, register
 
 
-
 def shaw_relative_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
     """clip(j - i, -max_distance, max_distance) + max_distance, shape (q_len, k_len), values in [0, 2 max_distance].
 
@@ -33,13 +32,18 @@ def shaw_relative_index(q_len: int, k_len: int, max_distance: int) -> torch.Tens
 def clipped_relative_index(q_positions, k_positions, max_distance: int) -> torch.Tensor:
     """shaw_relative_index for explicit positions: clip(k_pos - q_pos, -k, k) + k."""
     positive_int("max_distance", max_distance)
-    return relative_distance(q_positions, k_positions).clamp(-max_distance, max_distance) + max_distance
+    return (
+        relative_distance(q_positions, k_positions).clamp(-max_distance, max_distance)
+        + max_distance
+    )
 
 
 METHODS = ("gather", "naive")
 
 
-def shaw_key_scores(q: torch.Tensor, table: torch.Tensor, index: torch.Tensor, method: str = "gather") -> torch.Tensor:
+def shaw_key_scores(
+    q: torch.Tensor, table: torch.Tensor, index: torch.Tensor, method: str = "gather"
+) -> torch.Tensor:
     """q_i . a^K_{index[i, j]} for every query and key: (..., q_len, k_len).
 
     q is (..., q_len, d); table (2k + 1, d); index (q_len, k_len), or broadcastable to the scores.
@@ -54,7 +58,12 @@ def shaw_key_scores(q: torch.Tensor, table: torch.Tensor, index: torch.Tensor, m
     return per_row.gather(-1, index.expand(*per_row.shape[:-1], index.shape[-1]))
 
 
-def shaw_value_term(weights: torch.Tensor, table: torch.Tensor, index: torch.Tensor, method: str = "gather") -> torch.Tensor:
+def shaw_value_term(
+    weights: torch.Tensor,
+    table: torch.Tensor,
+    index: torch.Tensor,
+    method: str = "gather",
+) -> torch.Tensor:
     """sum_j weights_ij a^V_{index[i, j]}: (..., q_len, d), the relative term Shaw et al. add to the values.
 
     "naive" builds the (q_len, k_len, d) tensor; "gather" first sums the weights
@@ -63,7 +72,9 @@ def shaw_value_term(weights: torch.Tensor, table: torch.Tensor, index: torch.Ten
     """
     choice("method", method, METHODS)
     if method == "naive":
-        return torch.einsum("...qk,...qkd->...qd", weights, table[index].to(weights.dtype))
+        return torch.einsum(
+            "...qk,...qkd->...qd", weights, table[index].to(weights.dtype)
+        )
     slots = weights.new_zeros(*weights.shape[:-1], table.shape[0])
     slots.scatter_add_(-1, index.expand_as(weights), weights)
     return slots @ table.to(weights.dtype)
@@ -80,12 +91,16 @@ def skew(rel_scores: torch.Tensor) -> torch.Tensor:
     """
     length = rel_scores.shape[-1]
     if rel_scores.shape[-2] != length:
-        raise ValueError(f"rel_scores must be square in its last two dimensions, got {tuple(rel_scores.shape)}")
+        raise ValueError(
+            f"rel_scores must be square in its last two dimensions, got {tuple(rel_scores.shape)}"
+        )
     padded = torch.nn.functional.pad(rel_scores, (1, 0))
     return padded.reshape(*rel_scores.shape[:-2], length + 1, length)[..., 1:, :]
 
 
-def transformer_xl_logits(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+def transformer_xl_logits(
+    q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: torch.Tensor, v: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The four terms of Transformer-XL's relative logit (Dai et al., 2019, section 3.3), each (..., L, L).
 
     q and k are (..., L, d) projected queries and keys; r is (L, d), the projected
@@ -102,7 +117,9 @@ def transformer_xl_logits(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: 
     """
     length = q.shape[-2]
     if r.shape[-2] != length:
-        raise ValueError(f"r must hold one row per distance 0..{length - 1}, got {r.shape[-2]} rows")
+        raise ValueError(
+            f"r must hold one row per distance 0..{length - 1}, got {r.shape[-2]} rows"
+        )
     # row c of r is distance L - 1 - c, i.e. offset j - i = c - (L - 1): the column order skew expects
     return {
         "a": q @ k.transpose(-1, -2),
@@ -128,23 +145,38 @@ class ShawRelative(Scheme):
     bias_is_constant = False
     per_layer = True
 
-    def __init__(self, head_dim: int, max_distance: int = 16, values: bool = True, method: str = "gather", init_std: float = 0.02):
+    def __init__(
+        self,
+        head_dim: int,
+        max_distance: int = 16,
+        values: bool = True,
+        method: str = "gather",
+        init_std: float = 0.02,
+    ):
         super().__init__()
         self.head_dim = positive_int("head_dim", head_dim)
         self.max_distance = positive_int("max_distance", max_distance)
         self.method = choice("method", method, METHODS)
         std = positive_float("init_std", init_std)
         self.key_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std)
-        self.value_table = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std) if values else None
+        self.value_table = (
+            nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * std)
+            if values
+            else None
+        )
         self.needs_weights = values
 
     def query_score_mod(self, q, positions):
         """q_i . a^K_{clip(j - i)} / sqrt(d): the queries meet the 2k + 1 table rows once, then each pair picks its row."""
-        per_row = (q.float() @ self.key_table.float().T) / math.sqrt(self.head_dim)  # (batch, heads, q_len, 2k + 1)
+        per_row = (q.float() @ self.key_table.float().T) / math.sqrt(
+            self.head_dim
+        )  # (batch, heads, q_len, 2k + 1)
         k = self.max_distance
 
         def shaw_keys(score, b, h, q_idx, kv_idx):
-            index = (positions.k_at(b, kv_idx) - positions.q_at(b, q_idx)).clamp(-k, k) + k
+            index = (positions.k_at(b, kv_idx) - positions.q_at(b, q_idx)).clamp(
+                -k, k
+            ) + k
             return score + per_row[b, h, q_idx, index]
 
         return shaw_keys
@@ -152,7 +184,12 @@ class ShawRelative(Scheme):
     def value_term(self, weights, positions) -> torch.Tensor | None:
         if self.value_table is None:
             return None
-        index = positions.distances(weights.device).clamp(-self.max_distance, self.max_distance) + self.max_distance
+        index = (
+            positions.distances(weights.device).clamp(
+                -self.max_distance, self.max_distance
+            )
+            + self.max_distance
+        )
         return shaw_value_term(weights, self.value_table, index, self.method)
 
     def extra_repr(self) -> str:

@@ -11,7 +11,12 @@ from .._checks import as_positions, positive_float, positive_int
 from ..scheme import Scheme, register
 
 
-def t5_relative_bucket(relative_position, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+def t5_relative_bucket(
+    relative_position,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
     """T5's bucket of each relative position (key_position - query_position), as in Hugging Face's T5Attention.
 
     Half the buckets of a direction hold the distances 0, 1, 2, ... exactly; the
@@ -20,14 +25,24 @@ def t5_relative_bucket(relative_position, bidirectional: bool = True, num_bucket
     gives keys after the query their own half of the buckets; `False` (decoder)
     maps every key after the query to bucket 0 with distance 0.
     """
-    positive_int("num_buckets", num_buckets, even="bidirectional buckets are split between keys before and after the query" if bidirectional else None)
+    positive_int(
+        "num_buckets",
+        num_buckets,
+        even="bidirectional buckets are split between keys before and after the query"
+        if bidirectional
+        else None,
+    )
     positive_int("max_distance", max_distance)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
     if max_exact < 1:
-        raise ValueError(f"num_buckets must be at least {4 if bidirectional else 2} (bidirectional={bidirectional}), got {num_buckets}")
+        raise ValueError(
+            f"num_buckets must be at least {4 if bidirectional else 2} (bidirectional={bidirectional}), got {num_buckets}"
+        )
     if max_distance <= max_exact:
-        raise ValueError(f"max_distance must exceed the {max_exact} exact buckets (num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}")
+        raise ValueError(
+            f"max_distance must exceed the {max_exact} exact buckets (num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}"
+        )
     rel = as_positions("relative_position", relative_position, integer=True).long()
     buckets = torch.zeros_like(rel)
     if bidirectional:
@@ -37,8 +52,12 @@ def t5_relative_bucket(relative_position, bidirectional: bool = True, num_bucket
         distance = (-rel).clamp(min=0)
     is_small = distance < max_exact
     # float32 on purpose: the same rounding as the reference, so that every input gets the same bucket
-    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-    large = (max_exact + (log_ratio * (per_direction - max_exact)).long()).clamp(max=per_direction - 1)
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(
+        max_distance / max_exact
+    )
+    large = (max_exact + (log_ratio * (per_direction - max_exact)).long()).clamp(
+        max=per_direction - 1
+    )
     return buckets + torch.where(is_small, distance, large)
 
 
@@ -56,15 +75,32 @@ class T5Bias(Scheme):
     hook = "score"
     bias_is_constant = False
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True, init_std: float = 0.02):
+    def __init__(
+        self,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        init_std: float = 0.02,
+    ):
         super().__init__()
         self.num_heads = positive_int("num_heads", num_heads)
-        t5_relative_bucket(torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance)  # checks the arguments
-        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
-        self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * positive_float("init_std", init_std))
+        t5_relative_bucket(
+            torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance
+        )  # checks the arguments
+        self.num_buckets, self.max_distance, self.bidirectional = (
+            num_buckets,
+            max_distance,
+            bidirectional,
+        )
+        self.table = nn.Parameter(
+            torch.randn(num_buckets, num_heads) * positive_float("init_std", init_std)
+        )
 
     def score_mod(self, score, b, h, q_pos, k_pos):
-        bucket = t5_relative_bucket(k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance)
+        bucket = t5_relative_bucket(
+            k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance
+        )
         return score + self.table[bucket, h]
 
     def extra_repr(self) -> str:

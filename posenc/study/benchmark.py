@@ -37,7 +37,17 @@ from pathlib import Path
 
 import torch
 
-from .bench_paths import BACKWARD, COMPILED, FORWARD, PASSES, REFERENCE, TOLERANCE, Runner, SkipPath, _first_line  # noqa: F401 - BACKWARD, PASSES: public here
+from .bench_paths import (
+    BACKWARD,
+    COMPILED,
+    FORWARD,
+    PASSES,
+    REFERENCE,
+    TOLERANCE,
+    Runner,
+    SkipPath,
+    _first_line,
+)  # noqa: F401 - BACKWARD, PASSES: public here
 from .goals import goals
 from .measure import COUNTERS, summarize, time_call, time_rounds
 from .presets import (  # noqa: F401 - the benchmark's public names, importable from here
@@ -62,7 +72,16 @@ NUMERIC = {"seq_len": int, "batch": int, "heads": int, "head_dim": int, "median_
 def _run_settings(preset: Preset) -> Iterator[None]:
     """Threads as the preset says, room for every compiled variant, and no warnings on the way."""
     threads, config = torch.get_num_threads(), torch._dynamo.config
-    names = [n for n in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit") if hasattr(config, n)]
+    names = [
+        n
+        for n in (
+            "recompile_limit",
+            "cache_size_limit",
+            "accumulated_recompile_limit",
+            "accumulated_cache_size_limit",
+        )
+        if hasattr(config, n)
+    ]
     saved = {n: getattr(config, n) for n in names}
     try:
         if preset.threads is not None:
@@ -70,7 +89,9 @@ def _run_settings(preset: Preset) -> Iterator[None]:
         for n in names:
             setattr(config, n, max(256, saved[n]))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # first compiles warn; the reasons are recorded instead
+            warnings.simplefilter(
+                "ignore"
+            )  # first compiles warn; the reasons are recorded instead
             yield
     finally:
         torch.set_num_threads(threads)
@@ -101,22 +122,41 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
-def run_group(runner: Runner, tasks: list[Task], fits: Callable[[Task, int], bool], budget_s: float) -> list[dict]:
+def run_group(
+    runner: Runner,
+    tasks: list[Task],
+    fits: Callable[[Task, int], bool],
+    budget_s: float,
+) -> list[dict]:
     """The rows of the tasks of one shape and pass: each checked, then all timed interleaved (the baseline among them), then memory."""
     p, rows, ready = runner.preset, {}, {}
     for task in tasks:
         row = rows[task] = _row(p, task, runner.dtype)
         if task.skip or time.perf_counter() - runner.start > budget_s:
-            row["reason"] = task.skip or f"the run's time budget of {budget_s:.0f} s was used up before this measurement"
+            row["reason"] = (
+                task.skip
+                or f"the run's time budget of {budget_s:.0f} s was used up before this measurement"
+            )
             continue
         try:
             if task.path == "sdpa_causal":
                 row["backend"] = runner.choose_backend(task)
             candidates = sorted({*p.lengths, *p.long_lengths}, reverse=True)
-            check_len = task.seq_len if task.scheme in OPERATION_PATHS else next((n for n in candidates if n <= task.seq_len and fits(task, n)), None)
+            check_len = (
+                task.seq_len
+                if task.scheme in OPERATION_PATHS
+                else next(
+                    (n for n in candidates if n <= task.seq_len and fits(task, n)), None
+                )
+            )
             if check_len is None:
-                raise SkipPath(f"no planned length up to {task.seq_len} at which the reference path fits in memory for the check")
-            row["max_abs_err"], row["check_seq_len"] = runner.check(task, check_len), check_len
+                raise SkipPath(
+                    f"no planned length up to {task.seq_len} at which the reference path fits in memory for the check"
+                )
+            row["max_abs_err"], row["check_seq_len"] = (
+                runner.check(task, check_len),
+                check_len,
+            )
             ready[task] = runner.step(task, task.seq_len)[0]
         except Exception as exc:  # noqa: BLE001 - a path this device or torch cannot run: record why
             row["reason"] = _why(exc)
@@ -125,8 +165,16 @@ def run_group(runner: Runner, tasks: list[Task], fits: Callable[[Task, int], boo
                 torch.cuda.empty_cache()
     if ready:
         names = {f"{t.scheme}/{t.path}/{t.dtype_name}": t for t in ready}
-        times, failed = time_rounds({name: ready[t] for name, t in names.items()}, runner.device, p.warmup, p.repeats, runner.flush())
-        base = next((name for name, t in names.items() if (t.scheme, t.path) == BASELINE), None)
+        times, failed = time_rounds(
+            {name: ready[t] for name, t in names.items()},
+            runner.device,
+            p.warmup,
+            p.repeats,
+            runner.flush(),
+        )
+        base = next(
+            (name for name, t in names.items() if (t.scheme, t.path) == BASELINE), None
+        )
         for name, task in names.items():
             row = rows[task]
             if name in failed:
@@ -134,9 +182,13 @@ def run_group(runner: Runner, tasks: list[Task], fits: Callable[[Task, int], boo
                 continue
             row["median_ms"], row["q25_ms"], row["q75_ms"] = summarize(times[name])
             if base in times:
-                row["ratio"], row["ratio_q25"], row["ratio_q75"] = summarize([t / b for t, b in zip(times[name], times[base])])
+                row["ratio"], row["ratio_q25"], row["ratio_q75"] = summarize(
+                    [t / b for t, b in zip(times[name], times[base])]
+                )
             try:  # after timing: nothing intercepts the timed calls
-                row["peak_mem_bytes"], row["memory_counter"] = runner.memory(task, ready[task])
+                row["peak_mem_bytes"], row["memory_counter"] = runner.memory(
+                    task, ready[task]
+                )
                 row["memory_bound"] = COUNTERS.get(row["memory_counter"], "")
                 row["kept_bytes"] = runner.kept(task)
                 row.update(status="ok", repeats=len(times[name]))
@@ -147,17 +199,32 @@ def run_group(runner: Runner, tasks: list[Task], fits: Callable[[Task, int], boo
 
 def execute(runner: Runner, task: Task, fits: Callable[[Task, int], bool]) -> dict:
     """One task alone (no baseline to interleave with: no ratio)."""
-    return run_group(runner, [task], fits, runner.preset.time_budget_s if runner.preset.time_budget_s is not None else float("inf"))[0]
+    return run_group(
+        runner,
+        [task],
+        fits,
+        runner.preset.time_budget_s
+        if runner.preset.time_budget_s is not None
+        else float("inf"),
+    )[0]
 
 
 def _logged(runner: Runner, row: dict) -> dict:
     if runner.log is not None:
-        timing = f"{row['median_ms']:10.3f} ms" if row["status"] == "ok" else f"skipped: {row['reason'][:70]}"
-        runner.log(f"{row['scheme']:>14} {row['path']:<16} {row['pass']:<17} {row['dtype']:<9} L={row['seq_len']:<6} B={row['batch']:<2} {timing}")
+        timing = (
+            f"{row['median_ms']:10.3f} ms"
+            if row["status"] == "ok"
+            else f"skipped: {row['reason'][:70]}"
+        )
+        runner.log(
+            f"{row['scheme']:>14} {row['path']:<16} {row['pass']:<17} {row['dtype']:<9} L={row['seq_len']:<6} B={row['batch']:<2} {timing}"
+        )
     return row
 
 
-def block_fractions(preset: Preset, device: torch.device) -> dict[str, dict[str, float]]:
+def block_fractions(
+    preset: Preset, device: torch.device
+) -> dict[str, dict[str, float]]:
     """Fraction of (query block, key block) pairs FlexAttention computes, causal and windowed, per length."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -165,8 +232,18 @@ def block_fractions(preset: Preset, device: torch.device) -> dict[str, dict[str,
 
     fractions = {}
     for length in sorted({*preset.lengths, *preset.long_lengths}):
-        dense = {name: create_block_mask(mod, None, None, length, length, device=device.type).to_dense() for name, mod in (("causal", causal), ("sliding_window", sliding_window(preset.window)))}
-        fractions[str(length)] = {name: round(float(d.sum()) / d.numel(), 6) for name, d in dense.items()}
+        dense = {
+            name: create_block_mask(
+                mod, None, None, length, length, device=device.type
+            ).to_dense()
+            for name, mod in (
+                ("causal", causal),
+                ("sliding_window", sliding_window(preset.window)),
+            )
+        }
+        fractions[str(length)] = {
+            name: round(float(d.sum()) / d.numel(), 6) for name, d in dense.items()
+        }
     return fractions
 
 
@@ -178,26 +255,47 @@ def _groups(tasks: list[Task]) -> list[list[Task]]:
     return list(groups.values())
 
 
-def run(preset: str | Preset, out: str | Path | None = None, *, schemes: tuple[str, ...] | None = None, log: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+def run(
+    preset: str | Preset,
+    out: str | Path | None = None,
+    *,
+    schemes: tuple[str, ...] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[list[dict], dict]:
     """Run every measurement of a preset; returns (rows, metadata), and writes them under `out` if given.
 
     `schemes` keeps only the measurements of those schemes; the baseline is always measured.
     """
     preset = get_preset(preset)
     if schemes is not None:
-        if not isinstance(schemes, (tuple, list)) or not all(isinstance(s, str) for s in schemes):
+        if not isinstance(schemes, (tuple, list)) or not all(
+            isinstance(s, str) for s in schemes
+        ):
             raise TypeError(f"schemes must be a tuple of scheme names; got {schemes!r}")
         unknown = sorted(set(schemes) - set(ALL_SCHEMES))
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; the benchmark measures {', '.join(ALL_SCHEMES)}")
-        preset = dataclasses.replace(preset, schemes=tuple(s for s in preset.schemes if s in schemes or s == BASELINE[0]))
+            raise ValueError(
+                f"unknown schemes {unknown}; the benchmark measures {', '.join(ALL_SCHEMES)}"
+            )
+        preset = dataclasses.replace(
+            preset,
+            schemes=tuple(
+                s for s in preset.schemes if s in schemes or s == BASELINE[0]
+            ),
+        )
     if log is not None and not callable(log):
         raise TypeError(f"log must be callable or None; got {type(log).__name__}")
     device = torch.device(preset.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"preset {preset.name!r} needs a CUDA device and none is available here; run --preset cpu")
+        raise RuntimeError(
+            f"preset {preset.name!r} needs a CUDA device and none is available here; run --preset cpu"
+        )
     dtype = choose_dtype(device)
-    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    memory = (
+        torch.cuda.get_device_properties(device).total_memory
+        if device.type == "cuda"
+        else None
+    )
     tasks = plan(preset, memory, dtype)
     if schemes is not None and BASELINE[0] not in schemes:
         tasks = [t for t in tasks if t.scheme != BASELINE[0] or t.path == BASELINE[1]]
@@ -207,12 +305,28 @@ def run(preset: str | Preset, out: str | Path | None = None, *, schemes: tuple[s
 
     def fits(task: Task, length: int) -> bool:
         ref = REFERENCE.get(task.scheme, "explicit")
-        return estimate_bytes(task.scheme, ref, task.pass_, task.batch, preset.heads, length, preset.head_dim, elt(dtype)) <= limit
+        return (
+            estimate_bytes(
+                task.scheme,
+                ref,
+                task.pass_,
+                task.batch,
+                preset.heads,
+                length,
+                preset.head_dim,
+                elt(dtype),
+            )
+            <= limit
+        )
 
     with _run_settings(preset):
         meta = run_metadata(preset.name, preset, device, dtype)
         runner = Runner(preset, device, dtype, log)
-        rows = [row for group in _groups(tasks) for row in run_group(runner, group, fits, budget_s)]
+        rows = [
+            row
+            for group in _groups(tasks)
+            for row in run_group(runner, group, fits, budget_s)
+        ]
         rows.append(_matmul_row(preset, device, dtype, log))
         fractions = block_fractions(preset, device)
     meta.update(
@@ -242,7 +356,9 @@ def _matmul_row(preset: Preset, device: torch.device, dtype: torch.dtype, log) -
     n = preset.matmul_size
     gen = torch.Generator().manual_seed(n)
     a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
-    median, q25, q75 = summarize(time_call(lambda: a @ b, device, max(preset.warmup, 1), preset.repeats))
+    median, q25, q75 = summarize(
+        time_call(lambda: a @ b, device, max(preset.warmup, 1), preset.repeats)
+    )
     if log is not None:
         log(f"{'matmul':>14} {'mm':<16} {FORWARD:<17} n={n:<6} {median:10.3f} ms")
     return {**_row(preset, Task("matmul", "mm", FORWARD, n, 1), dtype), "heads": 1, "head_dim": n, "median_ms": median, "q25_ms": q25,
@@ -262,9 +378,17 @@ def read_rows(text: str) -> list[dict]:
         row = {c: record.get(c) or None for c in COLUMNS}
         row["reason"] = record.get("reason") or ""
         for column, kind in NUMERIC.items():
-            row[column] = None if row[column] is None else kind(float(row[column])) if kind is int else float(row[column])
+            row[column] = (
+                None
+                if row[column] is None
+                else kind(float(row[column]))
+                if kind is int
+                else float(row[column])
+            )
         row["device"] = row["device"] or "cpu"
-        row["memory_bound"] = row["memory_bound"] or COUNTERS.get(row["memory_counter"] or "")
+        row["memory_bound"] = row["memory_bound"] or COUNTERS.get(
+            row["memory_counter"] or ""
+        )
         rows.append(row)
     return rows
 
@@ -274,7 +398,13 @@ def result_paths(out: str | Path, preset: str) -> tuple[Path, Path]:
 
 
 def _cell(value) -> str:
-    return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+    return (
+        ""
+        if value is None
+        else f"{value:.6g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def write_results(rows: list[dict], meta: dict, out: str | Path) -> tuple[Path, Path]:
@@ -289,13 +419,18 @@ def write_results(rows: list[dict], meta: dict, out: str | Path) -> tuple[Path, 
     return csv_path, json_path
 
 
-def read_run(preset: str, folder: str | Path | None = None) -> tuple[list[dict], dict] | None:
+def read_run(
+    preset: str, folder: str | Path | None = None
+) -> tuple[list[dict], dict] | None:
     """(rows, metadata) of a run of `preset` where read_result finds its two files (results_dir() first); None where not run."""
     from .results import read_result
 
     if not isinstance(preset, str) or not preset:
         raise TypeError(f"preset must be a preset's name; got {preset!r}")
-    text, meta = read_result(f"benchmark_{preset}.csv", folder), read_result(f"benchmark_{preset}.json", folder)
+    text, meta = (
+        read_result(f"benchmark_{preset}.csv", folder),
+        read_result(f"benchmark_{preset}.json", folder),
+    )
     return None if text is None or meta is None else (read_rows(text), json.loads(meta))
 
 
@@ -306,26 +441,62 @@ def read_metadata(out: str | Path, preset: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posenc.study.benchmark", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m posenc.study.benchmark", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
-    parser.add_argument("--out", default=str(results_dir()), help="folder for benchmark_<preset>.csv and .json (default: posenc.study.results.results_dir(), here %(default)s)")
-    parser.add_argument("--compile-flex", action="store_true", help="also measure compiled FlexAttention where the preset leaves it out")
-    parser.add_argument("--schemes", nargs="+", choices=ALL_SCHEMES, help="measure only these schemes (the baseline is always measured)")
-    parser.add_argument("--quiet", action="store_true", help="do not print one line per measurement")
+    parser.add_argument(
+        "--out",
+        default=str(results_dir()),
+        help="folder for benchmark_<preset>.csv and .json (default: posenc.study.results.results_dir(), here %(default)s)",
+    )
+    parser.add_argument(
+        "--compile-flex",
+        action="store_true",
+        help="also measure compiled FlexAttention where the preset leaves it out",
+    )
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        choices=ALL_SCHEMES,
+        help="measure only these schemes (the baseline is always measured)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="do not print one line per measurement"
+    )
     args = parser.parse_args(argv)
-    preset = PRESETS[args.preset] if not args.compile_flex else dataclasses.replace(PRESETS[args.preset], compile_flex=True)
+    preset = (
+        PRESETS[args.preset]
+        if not args.compile_flex
+        else dataclasses.replace(PRESETS[args.preset], compile_flex=True)
+    )
     try:
-        rows, meta = run(preset, args.out, schemes=None if args.schemes is None else tuple(args.schemes), log=None if args.quiet else lambda line: print(line, flush=True))
+        rows, meta = run(
+            preset,
+            args.out,
+            schemes=None if args.schemes is None else tuple(args.schemes),
+            log=None if args.quiet else lambda line: print(line, flush=True),
+        )
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for g in meta["goals"]:
         value = "not judged" if g["value"] is None else f"{g['value']:.3g}"
-        verdict = "met" if g["met"] else "NOT met" if g["met"] is False else f"({g['reason'][:80]})"
-        print(f"{g['goal']:<70} {g.get('dtype', ''):<9} L={g.get('seq_len', ''):<6} {value:>10}  goal {g['bound']:<9} {verdict}")
+        verdict = (
+            "met"
+            if g["met"]
+            else "NOT met"
+            if g["met"] is False
+            else f"({g['reason'][:80]})"
+        )
+        print(
+            f"{g['goal']:<70} {g.get('dtype', ''):<9} L={g.get('seq_len', ''):<6} {value:>10}  goal {g['bound']:<9} {verdict}"
+        )
     ok = sum(r["status"] == "ok" for r in rows)
     csv_path, json_path = result_paths(args.out, preset.name)
-    print(f"{ok} measurements, {len(rows) - ok} skipped, in {meta['elapsed_s']} s: {csv_path} and {json_path}")
+    print(
+        f"{ok} measurements, {len(rows) - ok} skipped, in {meta['elapsed_s']} s: {csv_path} and {json_path}"
+    )
     return 0
 
 

@@ -37,8 +37,15 @@ class Corpus:
         return len(self.train) + len(self.valid)
 
     def describe(self) -> dict:
-        return {"corpus_root": self.root, "corpus_bytes": self.size, "corpus_train_bytes": len(self.train), "corpus_valid_bytes": len(self.valid),
-                "corpus_train_files": self.train_files, "corpus_valid_files": self.valid_files, "corpus_sha256": self.sha256}
+        return {
+            "corpus_root": self.root,
+            "corpus_bytes": self.size,
+            "corpus_train_bytes": len(self.train),
+            "corpus_valid_bytes": len(self.valid),
+            "corpus_train_files": self.train_files,
+            "corpus_valid_files": self.valid_files,
+            "corpus_sha256": self.sha256,
+        }
 
 
 # generated text, not code: pydoc's topic help (750 kB of English prose in one dict) would be a quarter of validation
@@ -62,13 +69,20 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
     if not root.is_dir():
         raise ValueError(f"root must be a directory of Python sources, got {root}")
     skip = {"site-packages", "dist-packages", "__pycache__"}
-    files = (p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts) and not generated(p, p.relative_to(root).as_posix()))
+    files = (
+        p
+        for p in root.rglob("*.py")
+        if not skip & set(p.relative_to(root).parts)
+        and not generated(p, p.relative_to(root).as_posix())
+    )
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
 def in_validation(relative_path: str, valid_percent: int) -> bool:
     """A stable split by file: the first byte of the path's SHA-256 decides."""
-    return hashlib.sha256(relative_path.encode()).digest()[0] * 100 < valid_percent * 256
+    return (
+        hashlib.sha256(relative_path.encode()).digest()[0] * 100 < valid_percent * 256
+    )
 
 
 def top_level(relative_path: str) -> str:
@@ -83,14 +97,28 @@ def composition(root: Path | None = None, valid_percent: int = 10) -> list[dict]
     table: dict[str, dict] = {}
     for path in stdlib_files(root):
         rel = path.relative_to(root).as_posix()
-        row = table.setdefault(top_level(rel), {"package": top_level(rel), "train_bytes": 0, "valid_bytes": 0, "train_files": 0, "valid_files": 0})
+        row = table.setdefault(
+            top_level(rel),
+            {
+                "package": top_level(rel),
+                "train_bytes": 0,
+                "valid_bytes": 0,
+                "train_files": 0,
+                "valid_files": 0,
+            },
+        )
         split = "valid" if in_validation(rel, valid_percent) else "train"
         row[f"{split}_bytes"] += len(path.read_bytes().rstrip(b"\n")) + 1
         row[f"{split}_files"] += 1
-    return sorted(table.values(), key=lambda r: (-(r["train_bytes"] + r["valid_bytes"]), r["package"]))
+    return sorted(
+        table.values(),
+        key=lambda r: (-(r["train_bytes"] + r["valid_bytes"]), r["package"]),
+    )
 
 
-def load_corpus(max_bytes: int | None = None, valid_percent: int = 10, root: Path | None = None) -> Corpus:
+def load_corpus(
+    max_bytes: int | None = None, valid_percent: int = 10, root: Path | None = None
+) -> Corpus:
     """Read every file in order (or until `max_bytes` of text, for quick tests), split by file; each file ends with a newline."""
     if max_bytes is not None:
         positive_int("max_bytes", max_bytes)
@@ -108,20 +136,35 @@ def load_corpus(max_bytes: int | None = None, valid_percent: int = 10, root: Pat
         if max_bytes is not None and total >= max_bytes:
             break
     if not parts[False] or not parts[True]:
-        raise ValueError(f"the corpus under {root} is too small to split (train {len(parts[False])} files, validation {len(parts[True])})")
+        raise ValueError(
+            f"the corpus under {root} is too small to split (train {len(parts[False])} files, validation {len(parts[True])})"
+        )
 
     def as_tensor(chunks: list[bytes]) -> torch.Tensor:
         return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).clone()
 
-    return Corpus(as_tensor(parts[False]), as_tensor(parts[True]), len(parts[False]), len(parts[True]), digest.hexdigest(), str(root))
+    return Corpus(
+        as_tensor(parts[False]),
+        as_tensor(parts[True]),
+        len(parts[False]),
+        len(parts[True]),
+        digest.hexdigest(),
+        str(root),
+    )
 
 
-def sample_windows(data: torch.Tensor, length: int, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_windows(
+    data: torch.Tensor, length: int, batch_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random (inputs, targets) windows of `length` bytes, targets shifted by one, as int64."""
     positive_int("length", length)
     positive_int("batch_size", batch_size)
     if len(data) <= length + 1:
-        raise ValueError(f"data of {len(data)} bytes is too short for windows of length {length}")
-    starts = torch.randint(0, len(data) - length - 1, (batch_size,), generator=generator)
+        raise ValueError(
+            f"data of {len(data)} bytes is too short for windows of length {length}"
+        )
+    starts = torch.randint(
+        0, len(data) - length - 1, (batch_size,), generator=generator
+    )
     windows = torch.stack([data[s : s + length + 1] for s in starts.tolist()]).long()
     return windows[:, :-1], windows[:, 1:]

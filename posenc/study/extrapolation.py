@@ -45,10 +45,33 @@ import torch
 import torch.distributed as dist
 
 from .corpus import load_corpus
-from .extrapolation_presets import (CONTROL_AT_L, PRESETS, SCHEMES, STEP_COSTS, Preset, StepCost, Variation, estimate, rescalings, run_counts,
-                                    scheme_table, tiny)
-from .extrapolation_runs import (COLUMNS, SEQUENCE_COLUMNS, Evaluation, World, attention_profile, build_model, join_world, lm_batch, run,
-                                 train_model, with_rope)
+from .extrapolation_presets import (
+    CONTROL_AT_L,
+    PRESETS,
+    SCHEMES,
+    STEP_COSTS,
+    Preset,
+    StepCost,
+    Variation,
+    estimate,
+    rescalings,
+    run_counts,
+    scheme_table,
+    tiny,
+)
+from .extrapolation_runs import (
+    COLUMNS,
+    SEQUENCE_COLUMNS,
+    Evaluation,
+    World,
+    attention_profile,
+    build_model,
+    join_world,
+    lm_batch,
+    run,
+    train_model,
+    with_rope,
+)
 from .ngram import byte_losses, ngram_baselines
 from .results import results_dir
 from .runinfo import git_state, load_average, run_metadata
@@ -62,9 +85,13 @@ __all__ = [
 
 # --- the study: runs, resume, files ---------------------------------------------------------------
 
+
 def result_paths(preset_name: str, out_dir: Path) -> tuple[Path, Path, Path]:
-    return (out_dir / f"extrapolation_{preset_name}.csv", out_dir / f"extrapolation_{preset_name}_sequences.csv",
-            out_dir / f"extrapolation_{preset_name}.json")
+    return (
+        out_dir / f"extrapolation_{preset_name}.csv",
+        out_dir / f"extrapolation_{preset_name}_sequences.csv",
+        out_dir / f"extrapolation_{preset_name}.json",
+    )
 
 
 def finished_runs(csv_path: Path) -> set[tuple[str, int]]:
@@ -77,7 +104,12 @@ def finished_runs(csv_path: Path) -> set[tuple[str, int]]:
 def progress(done: int, total: int, text: str) -> None:
     width = 30
     filled = round(width * done / total) if total else width
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {text:<40}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    print(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {text:<40}",
+        end="" if done < total else "\n",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -109,16 +141,24 @@ def _start_worker(preset: Preset) -> None:
     if preset.threads:
         torch.set_num_threads(preset.threads)
     corpus = load_corpus(preset.corpus_bytes)
-    _WORKER.update(preset=preset, corpus=corpus, evaluation=Evaluation(corpus, preset, World()))
+    _WORKER.update(
+        preset=preset, corpus=corpus, evaluation=Evaluation(corpus, preset, World())
+    )
 
 
-def _run_in_worker(label: str, seed: int) -> tuple[str, int, list[dict], list[dict], float]:
+def _run_in_worker(
+    label: str, seed: int
+) -> tuple[str, int, list[dict], list[dict], float]:
     start = time.perf_counter()
-    rows, seqs = run(label, seed, _WORKER["preset"], _WORKER["corpus"], _WORKER["evaluation"])
+    rows, seqs = run(
+        label, seed, _WORKER["preset"], _WORKER["corpus"], _WORKER["evaluation"]
+    )
     return label, seed, rows, seqs, time.perf_counter() - start
 
 
-def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False) -> tuple[Path, Path, Path]:
+def study(
+    preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False
+) -> tuple[Path, Path, Path]:
     """Run every (scheme, seed) not already in the results file; write the CSVs and the metadata JSON.
 
     `labels` defaults to the preset's schemes (all of them where it names none); the runs are
@@ -132,7 +172,9 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
     labels = list(preset.labels) if labels is None else list(labels)
     unknown = sorted(set(labels) - set(scheme_table(preset)))
     if unknown:
-        raise ValueError(f"unknown schemes {unknown}; choose from {sorted(scheme_table(preset))}")
+        raise ValueError(
+            f"unknown schemes {unknown}; choose from {sorted(scheme_table(preset))}"
+        )
     if preset.threads:
         torch.set_num_threads(preset.threads)
     corpus = load_corpus(preset.corpus_bytes)
@@ -144,11 +186,23 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
                 path.unlink(missing_ok=True)
         done = finished_runs(csv_path)
         # plain RoPE first: its context extensions are the longest runs, and the first to look at
-        runs = [(name, seed) for name, seed in preset.runs if name.partition(":")[0] in labels and (name, seed) not in done]
+        runs = [
+            (name, seed)
+            for name, seed in preset.runs
+            if name.partition(":")[0] in labels and (name, seed) not in done
+        ]
         todo = sorted(runs, key=lambda r: r[0] != "rope")
         meta = json.loads(json_path.read_text()) if json_path.exists() else {}
-        meta.update(run_metadata(preset.name, preset, device, torch.float32), **corpus.describe())
-        meta.update(seeds=list(preset.seeds), world_size=world.size, jobs=preset.jobs if world.size == 1 else 1, sliding_stride=preset.sliding_stride)
+        meta.update(
+            run_metadata(preset.name, preset, device, torch.float32),
+            **corpus.describe(),
+        )
+        meta.update(
+            seeds=list(preset.seeds),
+            world_size=world.size,
+            jobs=preset.jobs if world.size == 1 else 1,
+            sliding_stride=preset.sliding_stride,
+        )
         if "ngram_baselines" not in meta:
             start = time.perf_counter()
             baselines = ngram_baselines(corpus.train, corpus.valid)
@@ -156,10 +210,24 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
             meta["ngram_add_k"] = {k: v["k"] for k, v in baselines.items()}
             # the same bytes the models are scored on: per sequence of each protocol, paired with the models' own
             targets = Evaluation(corpus, preset, World()).targets
-            per_byte = {k: byte_losses(corpus.train, corpus.valid, n, meta["ngram_add_k"][k]) for n, k in ((2, "bigram"), (3, "trigram"), (4, "4gram"))}
-            meta["ngram_targets"] = {proto: {k: " ".join(f"{v:.4f}" for v in losses[at].mean(1).tolist()) for k, losses in per_byte.items()}
-                                     for proto, at in targets.items()}
-            meta["ngram_on_targets"] = {proto: {k: round(float(losses[at].mean()), 4) for k, losses in per_byte.items()} for proto, at in targets.items()}
+            per_byte = {
+                k: byte_losses(corpus.train, corpus.valid, n, meta["ngram_add_k"][k])
+                for n, k in ((2, "bigram"), (3, "trigram"), (4, "4gram"))
+            }
+            meta["ngram_targets"] = {
+                proto: {
+                    k: " ".join(f"{v:.4f}" for v in losses[at].mean(1).tolist())
+                    for k, losses in per_byte.items()
+                }
+                for proto, at in targets.items()
+            }
+            meta["ngram_on_targets"] = {
+                proto: {
+                    k: round(float(losses[at].mean()), 4)
+                    for k, losses in per_byte.items()
+                }
+                for proto, at in targets.items()
+            }
             meta["ngram_seconds"] = round(time.perf_counter() - start, 2)
         meta.setdefault("wall_seconds", {})
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -168,15 +236,23 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
         dist.broadcast_object_list(box, src=0)
         todo = box[0]
 
-    def store(label: str, seed: int, rows: list[dict], seqs: list[dict], seconds: float) -> None:
+    def store(
+        label: str, seed: int, rows: list[dict], seqs: list[dict], seconds: float
+    ) -> None:
         meta["wall_seconds"][f"{label}/{seed}"] = round(seconds, 2)
         _append(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
-        _append(csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows])  # last: a run is done once it is here
+        _append(
+            csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows]
+        )  # last: a run is done once it is here
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
 
-    if preset.jobs > 1 and world.size == 1 and len(todo) > 1:  # runs side by side, one process each
+    if (
+        preset.jobs > 1 and world.size == 1 and len(todo) > 1
+    ):  # runs side by side, one process each
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(preset.jobs, mp_context=spawn, initializer=_start_worker, initargs=(preset,)) as pool:
+        with ProcessPoolExecutor(
+            preset.jobs, mp_context=spawn, initializer=_start_worker, initargs=(preset,)
+        ) as pool:
             futures = [pool.submit(_run_in_worker, label, seed) for label, seed in todo]
             for i, future in enumerate(as_completed(futures)):
                 store(*future.result())
@@ -194,8 +270,14 @@ def study(preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet
         if world.main and not quiet:
             progress(len(todo), len(todo), "done")
     if world.main:
-        rank = {name: i for i, name in enumerate(dict.fromkeys(name for name, _ in preset.runs))}
-        for path in (csv_path, seq_path):  # in the order of the preset's runs and the seeds, however the runs finished
+        rank = {
+            name: i
+            for i, name in enumerate(dict.fromkeys(name for name, _ in preset.runs))
+        }
+        for path in (
+            csv_path,
+            seq_path,
+        ):  # in the order of the preset's runs and the seeds, however the runs finished
             _sort_rows(path, lambda r: (rank.get(r["run"], len(rank)), int(r["seed"])))
         meta["load_average_end"] = load_average()
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -209,7 +291,9 @@ def check(preset: Preset, out_dir: Path, label: str, seed: int) -> dict:
     """
     csv_path, _, json_path = result_paths(preset.name, Path(out_dir))
     with csv_path.open() as f:
-        stored = [r for r in csv.DictReader(f) if r["run"] == label and int(r["seed"]) == seed]
+        stored = [
+            r for r in csv.DictReader(f) if r["run"] == label and int(r["seed"]) == seed
+        ]
     if not stored:
         raise ValueError(f"no stored rows for {label}/{seed} in {csv_path}")
     if preset.threads:
@@ -222,26 +306,67 @@ def check(preset: Preset, out_dir: Path, label: str, seed: int) -> dict:
     writer.writerows({"run": label, **{k: r.get(k, "") for k in COLUMNS}} for r in rows)
     fresh = list(csv.DictReader(io.StringIO(text.getvalue())))
     pairs = list(zip(stored, fresh))
-    differences = [abs(float(a["value"]) - float(b["value"])) for a, b in pairs if a["value"] != b["value"]]
-    outcome = {"run": f"{label}/{seed}", "rows": len(stored), "identical": fresh == stored,
-               "max_abs_difference": max((d for d in differences if d == d), default=0.0), "seconds": round(time.perf_counter() - start, 1),
-               "commit": git_state()[0], "threads": torch.get_num_threads(), "date": run_metadata(preset.name, preset, "cpu", torch.float32)["date"]}
+    differences = [
+        abs(float(a["value"]) - float(b["value"]))
+        for a, b in pairs
+        if a["value"] != b["value"]
+    ]
+    outcome = {
+        "run": f"{label}/{seed}",
+        "rows": len(stored),
+        "identical": fresh == stored,
+        "max_abs_difference": max((d for d in differences if d == d), default=0.0),
+        "seconds": round(time.perf_counter() - start, 1),
+        "commit": git_state()[0],
+        "threads": torch.get_num_threads(),
+        "date": run_metadata(preset.name, preset, "cpu", torch.float32)["date"],
+    }
     meta = json.loads(json_path.read_text())
-    meta["reproduction_checks"] = [c for c in meta.get("reproduction_checks", []) if c["run"] != outcome["run"]] + [outcome]
+    meta["reproduction_checks"] = [
+        c for c in meta.get("reproduction_checks", []) if c["run"] != outcome["run"]
+    ] + [outcome]
     json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posenc.study.extrapolation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m posenc.study.extrapolation",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--out", type=Path, default=results_dir(), help="folder for the results (default: posenc.study.results.results_dir(), here %(default)s)")
-    parser.add_argument("--schemes", nargs="+", help="a subset of the schemes (default: the preset's, all where it names none)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=results_dir(),
+        help="folder for the results (default: posenc.study.results.results_dir(), here %(default)s)",
+    )
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        help="a subset of the schemes (default: the preset's, all where it names none)",
+    )
     parser.add_argument("--device", help="override the preset's device (cpu, cuda)")
-    parser.add_argument("--jobs", type=int, help="runs side by side, one process each (default: the preset's)")
-    parser.add_argument("--fresh", action="store_true", help="discard earlier results of this preset instead of resuming")
-    parser.add_argument("--check", metavar="SCHEME/SEED", help="re-run one stored run and compare it with the stored rows, bit for bit")
-    parser.add_argument("--tiny", action="store_true", help="the preset at the smoke preset's sizes, named PRESET_tiny: seconds, to try its code path")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help="runs side by side, one process each (default: the preset's)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="discard earlier results of this preset instead of resuming",
+    )
+    parser.add_argument(
+        "--check",
+        metavar="SCHEME/SEED",
+        help="re-run one stored run and compare it with the stored rows, bit for bit",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="the preset at the smoke preset's sizes, named PRESET_tiny: seconds, to try its code path",
+    )
     args = parser.parse_args(argv)
     preset = tiny(PRESETS[args.preset]) if args.tiny else PRESETS[args.preset]
     preset = preset if args.device is None else replace(preset, device=args.device)
@@ -250,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--jobs must be a positive integer, got {args.jobs}")
         preset = replace(preset, jobs=args.jobs)
     if preset.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)")
+        parser.error(
+            f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)"
+        )
     if args.check:
         label, _, seed = args.check.partition("/")
         outcome = check(preset, args.out, label, int(seed))

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-SCHEMES = ("nope", "sinusoidal", "learned", "shaw", "t5", "rope", "alibi", "window_rope", "window_nope")  # the labels of scheme_table
+SCHEMES = (
+    "nope",
+    "sinusoidal",
+    "learned",
+    "shaw",
+    "t5",
+    "rope",
+    "alibi",
+    "window_rope",
+    "window_nope",
+)  # the labels of scheme_table
 
 
 @dataclass(frozen=True)
@@ -34,9 +44,13 @@ class Variation:
         object.__setattr__(self, "seeds", tuple(self.seeds))
         unknown = sorted(set(self.schemes) - set(SCHEMES))
         if unknown or not self.schemes:
-            raise ValueError(f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, got {list(self.schemes)}")
+            raise ValueError(
+                f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, got {list(self.schemes)}"
+            )
         if not self.name.isidentifier() or (self.num_heads, self.lr) == (None, None):
-            raise ValueError(f"a variation needs an identifier as its name and num_heads or lr to change, got {self!r}")
+            raise ValueError(
+                f"a variation needs an identifier as its name and num_heads or lr to change, got {self!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,9 @@ class Preset:
     num_layers: int
     train_len: int
     steps: int
-    batch_size: int  # language-model windows per step (global: split over the processes)
+    batch_size: (
+        int  # language-model windows per step (global: split over the processes)
+    )
     lr: float
     seeds: tuple[int, ...]
     eval_sequences: int  # matched protocol: sequences of 8L bytes
@@ -67,39 +83,71 @@ class Preset:
     threads: int | None = None  # torch threads of each process
     jobs: int = 1  # runs trained side by side in separate processes (one process, one run: the numbers do not depend on it)
     device: str = "cpu"
-    schemes: tuple[str, ...] | None = None  # the schemes a study trains; None: all of SCHEMES
-    variations: tuple[Variation, ...] = ()  # run sets that change one thing (a stored preset gives them as dicts)
+    schemes: tuple[str, ...] | None = (
+        None  # the schemes a study trains; None: all of SCHEMES
+    )
+    variations: tuple[
+        Variation, ...
+    ] = ()  # run sets that change one thing (a stored preset gives them as dicts)
 
     def __post_init__(self):
         unknown = sorted(set(self.schemes or ()) - set(SCHEMES))
         if unknown:
-            raise ValueError(f"unknown schemes {unknown}; choose from {sorted(SCHEMES)}")
-        object.__setattr__(self, "variations", tuple(v if isinstance(v, Variation) else Variation(**v) for v in self.variations))
+            raise ValueError(
+                f"unknown schemes {unknown}; choose from {sorted(SCHEMES)}"
+            )
+        object.__setattr__(
+            self,
+            "variations",
+            tuple(
+                v if isinstance(v, Variation) else Variation(**v)
+                for v in self.variations
+            ),
+        )
         changes = {}
-        for v in self.variations:  # one name, one change: a name may come back with more schemes or seeds
+        for v in (
+            self.variations
+        ):  # one name, one change: a name may come back with more schemes or seeds
             if changes.setdefault(v.name, (v.num_heads, v.lr)) != (v.num_heads, v.lr):
-                raise ValueError(f"variations named {v.name!r} change different things: {changes[v.name]} and {(v.num_heads, v.lr)}")
+                raise ValueError(
+                    f"variations named {v.name!r} change different things: {changes[v.name]} and {(v.num_heads, v.lr)}"
+                )
         runs = self.runs
         if len(set(runs)) < len(runs):
-            raise ValueError(f"a (run, seed) is listed twice in the variations of preset {self.name!r}")
+            raise ValueError(
+                f"a (run, seed) is listed twice in the variations of preset {self.name!r}"
+            )
 
     @property
     def runs(self) -> list[tuple[str, int]]:
         """Every (run, seed) of a study: the schemes with the preset's seeds, then each variation's "scheme:name" runs."""
         own = [(label, seed) for label in self.labels for seed in self.seeds]
-        return own + [(f"{label}:{v.name}", seed) for v in self.variations for label in v.schemes for seed in v.seeds]
+        return own + [
+            (f"{label}:{v.name}", seed)
+            for v in self.variations
+            for label in v.schemes
+            for seed in v.seeds
+        ]
 
     def for_run(self, run: str) -> tuple[str, str, Preset]:
         """(scheme label, variant, preset) of a run name: the variant is "trained" for the preset's own runs."""
         label, _, name = run.partition(":")
         if label not in SCHEMES:
-            raise ValueError(f"unknown scheme {label!r} in run {run!r}; choose from {sorted(SCHEMES)}")
+            raise ValueError(
+                f"unknown scheme {label!r} in run {run!r}; choose from {sorted(SCHEMES)}"
+            )
         if not name:
             return label, "trained", self
         variation = next((v for v in self.variations if v.name == name), None)
         if variation is None:
-            raise ValueError(f"unknown variation {name!r} in run {run!r}; this preset has {[v.name for v in self.variations]}")
-        changes = {k: getattr(variation, k) for k in ("num_heads", "lr") if getattr(variation, k) is not None}
+            raise ValueError(
+                f"unknown variation {name!r} in run {run!r}; this preset has {[v.name for v in self.variations]}"
+            )
+        changes = {
+            k: getattr(variation, k)
+            for k in ("num_heads", "lr")
+            if getattr(variation, k) is not None
+        }
         return label, name, replace(self, **changes, variations=())
 
     @property
@@ -116,39 +164,107 @@ class Preset:
         return tuple(s for s in SCHEMES if self.schemes is None or s in self.schemes)
 
 
-_CPU = Preset("cpu", dim=64, num_heads=2, num_layers=4, train_len=64, steps=2500, batch_size=32, lr=1e-2, seeds=(0, 1, 2, 3, 4),
-              eval_sequences=128, sliding_sequences=128, passkey_batch=8, passkey_count=32, finetune_steps=200, finetune_lr=1e-3,
-              warmup=100, passkey_weight=0.25, threads=1, jobs=2,
-              variations=(
-                  # what the results owe to two heads: 8 heads of 8, the same width and weights (ALiBi's slopes 1/2 ... 1/256)
-                  Variation("heads8", SCHEMES, (0,), num_heads=8),
-                  Variation("heads8", ("t5", "alibi"), (1, 2), num_heads=8),
-                  # does the ranking hinge on the learning rate? half and twice the peak, two schemes that rank apart past L
-                  Variation("lr_half", ("rope", "alibi"), (0,), lr=5e-3),
-                  Variation("lr_double", ("rope", "alibi"), (0,), lr=2e-2),
-              ))
+_CPU = Preset(
+    "cpu",
+    dim=64,
+    num_heads=2,
+    num_layers=4,
+    train_len=64,
+    steps=2500,
+    batch_size=32,
+    lr=1e-2,
+    seeds=(0, 1, 2, 3, 4),
+    eval_sequences=128,
+    sliding_sequences=128,
+    passkey_batch=8,
+    passkey_count=32,
+    finetune_steps=200,
+    finetune_lr=1e-3,
+    warmup=100,
+    passkey_weight=0.25,
+    threads=1,
+    jobs=2,
+    variations=(
+        # what the results owe to two heads: 8 heads of 8, the same width and weights (ALiBi's slopes 1/2 ... 1/256)
+        Variation("heads8", SCHEMES, (0,), num_heads=8),
+        Variation("heads8", ("t5", "alibi"), (1, 2), num_heads=8),
+        # does the ranking hinge on the learning rate? half and twice the peak, two schemes that rank apart past L
+        Variation("lr_half", ("rope", "alibi"), (0,), lr=5e-3),
+        Variation("lr_double", ("rope", "alibi"), (0,), lr=2e-2),
+    ),
+)
 PRESETS = {
     # seconds: the tests and the chapter's live slice
-    "smoke": Preset("smoke", dim=32, num_heads=1, num_layers=1, train_len=16, steps=20, batch_size=8, lr=3e-3, seeds=(0,),
-                    eval_sequences=8, sliding_sequences=8, passkey_batch=4, passkey_count=4, finetune_steps=4, finetune_lr=1e-3,
-                    warmup=5, eval_factors=(1, 2, 4, 8), depths=(0.0, 1.0), corpus_bytes=1_000_000, threads=1),
+    "smoke": Preset(
+        "smoke",
+        dim=32,
+        num_heads=1,
+        num_layers=1,
+        train_len=16,
+        steps=20,
+        batch_size=8,
+        lr=3e-3,
+        seeds=(0,),
+        eval_sequences=8,
+        sliding_sequences=8,
+        passkey_batch=4,
+        passkey_count=4,
+        finetune_steps=4,
+        finetune_lr=1e-3,
+        warmup=5,
+        eval_factors=(1, 2, 4, 8),
+        depths=(0.0, 1.0),
+        corpus_bytes=1_000_000,
+        threads=1,
+    ),
     # the committed results: this 2-core machine, two runs side by side on one thread each, about two hours (126 minutes for the stored run)
     "cpu": _CPU,
     # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation, six schemes, seed 0; about 7 minutes
     # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU), plotted beside the stored cpu run
-    "colab": replace(_CPU, name="colab", seeds=(0,), threads=None, jobs=1, device="cuda",
-                     schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope"), variations=()),
+    "colab": replace(
+        _CPU,
+        name="colab",
+        seeds=(0,),
+        threads=None,
+        jobs=1,
+        device="cuda",
+        schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope"),
+        variations=(),
+    ),
     # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
-    "gpu": Preset("gpu", dim=256, num_heads=8, num_layers=4, train_len=256, steps=2000, batch_size=64, lr=1e-3, seeds=(0, 1, 2),
-                  eval_sequences=512, sliding_sequences=512, passkey_batch=16, passkey_count=128, finetune_steps=400, finetune_lr=3e-4,
-                  warmup=100, passkey_weight=0.25, device="cuda"),  # the cpu preset's passkey share and weight
+    "gpu": Preset(
+        "gpu",
+        dim=256,
+        num_heads=8,
+        num_layers=4,
+        train_len=256,
+        steps=2000,
+        batch_size=64,
+        lr=1e-3,
+        seeds=(0, 1, 2),
+        eval_sequences=512,
+        sliding_sequences=512,
+        passkey_batch=16,
+        passkey_count=128,
+        finetune_steps=400,
+        finetune_lr=3e-4,
+        warmup=100,
+        passkey_weight=0.25,
+        device="cuda",
+    ),  # the cpu preset's passkey share and weight
 }
 
 
 def tiny(preset: Preset) -> Preset:
     """`preset` at the smoke preset's sizes (seconds on a CPU), with its device, schemes and first seed: tests and emulated GPUs."""
-    return replace(PRESETS["smoke"], name=f"{preset.name}_tiny", device=preset.device, schemes=preset.schemes, seeds=preset.seeds[:1],
-                   threads=None)
+    return replace(
+        PRESETS["smoke"],
+        name=f"{preset.name}_tiny",
+        device=preset.device,
+        schemes=preset.schemes,
+        seeds=preset.seeds[:1],
+        threads=None,
+    )
 
 
 def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
@@ -173,17 +289,30 @@ CONTROL_AT_L = "rope_at_L"  # plain RoPE fine-tuned like the extensions but at L
 
 def rescalings(preset: Preset) -> dict[str, dict]:
     """Label -> Rope arguments of the context extensions of the model trained with plain RoPE ("rope": the control)."""
-    s, beyond, original = float(preset.finetune_factor), float(preset.beyond_factor), preset.train_len
+    s, beyond, original = (
+        float(preset.finetune_factor),
+        float(preset.beyond_factor),
+        preset.train_len,
+    )
     return {
         "rope": {},
         "rope_pi": {"rope_type": "linear", "factor": s},
         "rope_ntk": {"rope_type": "ntk", "factor": s},
-        "rope_yarn": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": original},
-        f"rope_yarn_x{preset.beyond_factor}": {"rope_type": "yarn", "factor": beyond, "original_max_position_embeddings": original},
+        "rope_yarn": {
+            "rope_type": "yarn",
+            "factor": s,
+            "original_max_position_embeddings": original,
+        },
+        f"rope_yarn_x{preset.beyond_factor}": {
+            "rope_type": "yarn",
+            "factor": beyond,
+            "original_max_position_embeddings": original,
+        },
     }
 
 
 # --- how long a preset takes ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -191,7 +320,9 @@ class StepCost:
 
     name: str
     step_s: float  # one optimizer step (a fine-tuning step at 4L moves the same bytes and counts the same)
-    evaluation_s: float  # one evaluation: both protocols at every length and the passkey tests
+    evaluation_s: (
+        float  # one evaluation: both protocols at every length and the passkey tests
+    )
     fixed_s: float  # imports, reading the corpus, the n-gram baselines, the evaluation sequences
 
 
@@ -220,20 +351,38 @@ def run_counts(preset: Preset, run: str) -> tuple[int, int]:
     return preset.steps + fine_tunes * preset.finetune_steps, 1 + zero_shot + fine_tunes
 
 
-def estimate(preset: Preset, cost: str | StepCost = "t4", recorded: dict | None = None) -> dict:
+def estimate(
+    preset: Preset, cost: str | StepCost = "t4", recorded: dict | None = None
+) -> dict:
     """Steps, evaluations and the seconds of a study of `preset` under `cost`; with `recorded` (a stored run's metadata),
     the recorded wall seconds of the same (scheme, seed) runs, their seconds per step, and the estimate's speed-up on them."""
     cost = STEP_COSTS[cost] if isinstance(cost, str) else cost
     counts = {(run, seed): run_counts(preset, run) for run, seed in preset.runs}
-    steps, evaluations = sum(s for s, _ in counts.values()), sum(e for _, e in counts.values())
+    steps, evaluations = (
+        sum(s for s, _ in counts.values()),
+        sum(e for _, e in counts.values()),
+    )
     seconds = cost.fixed_s + steps * cost.step_s + evaluations * cost.evaluation_s
-    out = {"preset": preset.name, "cost": cost.name, "runs": len(counts), "steps": steps, "evaluations": evaluations,
-           "estimate_s": round(seconds, 1)}
+    out = {
+        "preset": preset.name,
+        "cost": cost.name,
+        "runs": len(counts),
+        "steps": steps,
+        "evaluations": evaluations,
+        "estimate_s": round(seconds, 1),
+    }
     if recorded is not None:
         wall = recorded.get("wall_seconds", {})
-        known = [f"{label}/{seed}" for label, seed in counts if f"{label}/{seed}" in wall]
+        known = [
+            f"{label}/{seed}" for label, seed in counts if f"{label}/{seed}" in wall
+        ]
         if len(known) == len(counts):
             cpu_s = sum(wall[k] for k in known)
-            out.update(recorded_s=round(cpu_s, 1), recorded_step_s=round(cpu_s / steps, 4),
-                       speedup=round(cpu_s / (steps * cost.step_s + evaluations * cost.evaluation_s), 2))
+            out.update(
+                recorded_s=round(cpu_s, 1),
+                recorded_step_s=round(cpu_s / steps, 4),
+                speedup=round(
+                    cpu_s / (steps * cost.step_s + evaluations * cost.evaluation_s), 2
+                ),
+            )
     return out

@@ -26,19 +26,46 @@ from .extrapolation_presets import CONTROL_AT_L, Preset, rescalings, scheme_tabl
 from .passkey import passkey_correct, training_batches, test_batch
 from .tasks import IGNORE_INDEX
 
-COLUMNS = ["preset", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "bucket", "metric", "value", "note"]
-SEQUENCE_COLUMNS = ["run", "task", "scheme", "variant", "seed", "protocol", "eval_len", "depth", "values", "bucket"]
+COLUMNS = [
+    "preset",
+    "task",
+    "scheme",
+    "variant",
+    "seed",
+    "protocol",
+    "eval_len",
+    "depth",
+    "bucket",
+    "metric",
+    "value",
+    "note",
+]
+SEQUENCE_COLUMNS = [
+    "run",
+    "task",
+    "scheme",
+    "variant",
+    "seed",
+    "protocol",
+    "eval_len",
+    "depth",
+    "values",
+    "bucket",
+]
 
 
 def with_rope(model: TinyTransformer, **rope_args) -> TinyTransformer:
     """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are copied by value)."""
     twin = copy.deepcopy(model)
     for block in twin.blocks:
-        block.scheme = Rope(block.scheme.head_dim, **rope_args).to(next(twin.parameters()).device)
+        block.scheme = Rope(block.scheme.head_dim, **rope_args).to(
+            next(twin.parameters()).device
+        )
     return twin
 
 
 # --- processes: one, or several under torchrun -----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class World:
@@ -52,7 +79,9 @@ class World:
     def rows(self, n: int) -> slice:
         """This process's share of n rows (n must divide evenly: equal shares keep the mean of means exact)."""
         if n % self.size:
-            raise ValueError(f"a global batch of {n} rows does not split evenly over {self.size} processes")
+            raise ValueError(
+                f"a global batch of {n} rows does not split evenly over {self.size} processes"
+            )
         return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -78,19 +107,26 @@ def join_world(device: str) -> tuple[World, torch.device]:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
-        return World(dist.get_rank(), dist.get_world_size()), torch.device("cuda", local)
+        return World(dist.get_rank(), dist.get_world_size()), torch.device(
+            "cuda", local
+        )
     return World(dist.get_rank(), dist.get_world_size()), torch.device(device)
 
 
 # --- training ---------------------------------------------------------------------------------------
 
-def lm_batch(data: torch.Tensor, length: int, batch_size: int, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+
+def lm_batch(
+    data: torch.Tensor, length: int, batch_size: int, seed: int, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of a step: random windows of the training split, deterministic per (seed, step)."""
     gen = torch.Generator().manual_seed((seed << 22) + step)
     return sample_windows(data, length, batch_size, gen)
 
 
-def train_model(model, steps: int, lr: float, warmup: int, batch, world: World, device) -> list[float]:
+def train_model(
+    model, steps: int, lr: float, warmup: int, batch, world: World, device
+) -> list[float]:
     """AdamW with linear warm-up and cosine decay to lr/10; `batch(step)` returns [(inputs, targets, weight), ...] (global).
 
     The loss of a step is the sum over the groups of weight x mean cross-entropy of the group's
@@ -99,25 +135,35 @@ def train_model(model, steps: int, lr: float, warmup: int, batch, world: World, 
     a group has the same number of targets). Returns the loss of every step (of the global batch).
     """
     net = torch.nn.parallel.DistributedDataParallel(model) if world.size > 1 else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    schedule = lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))  # noqa: E731
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95)
+    )
+    schedule = lambda s: (
+        min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
+    )  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     losses = []
     model.train()
     for step in range(steps):
-        groups = [(x[world.rows(len(x))], y[world.rows(len(y))], w) for x, y, w in batch(step)]
+        groups = [
+            (x[world.rows(len(x))], y[world.rows(len(y))], w) for x, y, w in batch(step)
+        ]
         sizes = [len(x) for x, _, _ in groups]
         logits = net(torch.cat([x for x, _, _ in groups]).to(device)).float()
         loss = 0.0
         for (x, y, w), part in zip(groups, logits.split(sizes)):
-            loss = loss + w * F.cross_entropy(part.flatten(0, 1), y.to(device).flatten(), ignore_index=IGNORE_INDEX)
+            loss = loss + w * F.cross_entropy(
+                part.flatten(0, 1), y.to(device).flatten(), ignore_index=IGNORE_INDEX
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         loss = loss.detach()
-        if world.size > 1:  # the global batch's loss: equal shares, so the mean over the processes
+        if (
+            world.size > 1
+        ):  # the global batch's loss: equal shares, so the mean over the processes
             dist.all_reduce(loss)
             loss /= world.size
         losses.append(loss.item())
@@ -126,6 +172,7 @@ def train_model(model, steps: int, lr: float, warmup: int, batch, world: World, 
 
 
 # --- evaluation -----------------------------------------------------------------------------------
+
 
 def _bucket(b: int, width: int) -> str:
     """The name of bucket b of positions: "64-128" for b = 1 at width 64."""
@@ -146,13 +193,25 @@ class Evaluation:
         valid = corpus.valid
         matched_at = spaced_starts(len(valid), longest + 1, preset.eval_sequences)
         # sliding: L targets after a context of the longest window, placed halfway between the matched sequences
-        sliding_at = longest // 2 + spaced_starts(len(valid) - longest // 2, longest + L + 1, preset.sliding_sequences)
-        self.matched = torch.stack([valid[s : s + longest + 1] for s in matched_at.tolist()]).long()
-        self.sliding = torch.stack([valid[s : s + longest + L + 1] for s in sliding_at.tolist()]).long()
+        sliding_at = longest // 2 + spaced_starts(
+            len(valid) - longest // 2, longest + L + 1, preset.sliding_sequences
+        )
+        self.matched = torch.stack(
+            [valid[s : s + longest + 1] for s in matched_at.tolist()]
+        ).long()
+        self.sliding = torch.stack(
+            [valid[s : s + longest + L + 1] for s in sliding_at.tolist()]
+        ).long()
         # where each protocol's target bytes sit in the validation split: the n-gram baselines score exactly these
-        self.targets = {"matched": matched_at[:, None] + torch.arange(1, longest + 1),
-                        "sliding": sliding_at[:, None] + torch.arange(longest + 1, longest + L + 1)}
-        self.passkey_tests = {(f * L, d): test_batch(f * L, d, preset.passkey_count) for f in preset.eval_factors for d in preset.depths}
+        self.targets = {
+            "matched": matched_at[:, None] + torch.arange(1, longest + 1),
+            "sliding": sliding_at[:, None] + torch.arange(longest + 1, longest + L + 1),
+        }
+        self.passkey_tests = {
+            (f * L, d): test_batch(f * L, d, preset.passkey_count)
+            for f in preset.eval_factors
+            for d in preset.depths
+        }
 
     def _mine(self, x: torch.Tensor) -> torch.Tensor:
         return x[self.world.split(len(x))]
@@ -169,35 +228,107 @@ class Evaluation:
         for factor in p.eval_factors:
             n = factor * L
             try:
-                matched = self.world.gather(matched_losses(model, self._mine(self.matched), n))
-                sliding = self.world.gather(sliding_losses(model, self._mine(self.sliding), n, L, p.sliding_stride))
+                matched = self.world.gather(
+                    matched_losses(model, self._mine(self.matched), n)
+                )
+                sliding = self.world.gather(
+                    sliding_losses(
+                        model, self._mine(self.sliding), n, L, p.sliding_stride
+                    )
+                )
             except ValueError as exc:  # a learned table has no row past its length
                 note = str(exc).split(":")[0]
-                rows += [{"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": math.nan, "note": note} for proto in ("matched", "sliding")]
+                rows += [
+                    {
+                        "protocol": proto,
+                        "eval_len": n,
+                        "bucket": "all",
+                        "metric": "loss",
+                        "value": math.nan,
+                        "note": note,
+                    }
+                    for proto in ("matched", "sliding")
+                ]
                 continue
             for proto, losses in (("matched", matched), ("sliding", sliding)):
-                rows.append({"protocol": proto, "eval_len": n, "bucket": "all", "metric": "loss", "value": float(losses.mean())})
-                seqs.append({"protocol": proto, "eval_len": n, "values": _as_text(losses.mean(1))})
+                rows.append(
+                    {
+                        "protocol": proto,
+                        "eval_len": n,
+                        "bucket": "all",
+                        "metric": "loss",
+                        "value": float(losses.mean()),
+                    }
+                )
+                seqs.append(
+                    {
+                        "protocol": proto,
+                        "eval_len": n,
+                        "values": _as_text(losses.mean(1)),
+                    }
+                )
             if buckets and factor in (1, max(p.eval_factors)):
-                by_bucket = matched.reshape(len(matched), -1, L).mean(2)  # (sequences, buckets)
-                seqs += [{"protocol": "matched_bucket", "eval_len": n, "bucket": _bucket(b, L), "values": _as_text(by_bucket[:, b])}
-                         for b in range(by_bucket.shape[1])]
+                by_bucket = matched.reshape(len(matched), -1, L).mean(
+                    2
+                )  # (sequences, buckets)
+                seqs += [
+                    {
+                        "protocol": "matched_bucket",
+                        "eval_len": n,
+                        "bucket": _bucket(b, L),
+                        "values": _as_text(by_bucket[:, b]),
+                    }
+                    for b in range(by_bucket.shape[1])
+                ]
             per_position = matched.mean(0)
             for b in range(len(per_position) // L):
-                rows.append({"protocol": "matched", "eval_len": n, "bucket": _bucket(b, L), "metric": "loss",
-                             "value": float(per_position[b * L : (b + 1) * L].mean())})
+                rows.append(
+                    {
+                        "protocol": "matched",
+                        "eval_len": n,
+                        "bucket": _bucket(b, L),
+                        "metric": "loss",
+                        "value": float(per_position[b * L : (b + 1) * L].mean()),
+                    }
+                )
         return rows, seqs
 
     def passkey(self, model) -> tuple[list[dict], list[dict]]:
         rows, seqs = [], []
         for (n, depth), (x, y) in self.passkey_tests.items():
             try:
-                correct = self.world.gather(passkey_correct(model, self._mine(x), self._mine(y)))
+                correct = self.world.gather(
+                    passkey_correct(model, self._mine(x), self._mine(y))
+                )
             except ValueError as exc:
-                rows.append({"protocol": "passkey", "eval_len": n, "depth": depth, "metric": "exact_match", "value": math.nan, "note": str(exc).split(":")[0]})
+                rows.append(
+                    {
+                        "protocol": "passkey",
+                        "eval_len": n,
+                        "depth": depth,
+                        "metric": "exact_match",
+                        "value": math.nan,
+                        "note": str(exc).split(":")[0],
+                    }
+                )
                 continue
-            rows.append({"protocol": "passkey", "eval_len": n, "depth": depth, "metric": "exact_match", "value": float(correct.double().mean())})
-            seqs.append({"protocol": "passkey", "eval_len": n, "depth": depth, "values": "".join("1" if c else "0" for c in correct.tolist())})
+            rows.append(
+                {
+                    "protocol": "passkey",
+                    "eval_len": n,
+                    "depth": depth,
+                    "metric": "exact_match",
+                    "value": float(correct.double().mean()),
+                }
+            )
+            seqs.append(
+                {
+                    "protocol": "passkey",
+                    "eval_len": n,
+                    "depth": depth,
+                    "values": "".join("1" if c else "0" for c in correct.tolist()),
+                }
+            )
         return rows, seqs
 
     def attention(self, model) -> list[dict]:
@@ -212,16 +343,26 @@ class Evaluation:
             rows += [{"protocol": "matched", "eval_len": n, **r} for r in profile]
         return rows
 
-    def __call__(self, model, buckets: bool = False, attention: bool = False) -> tuple[list[dict], list[dict]]:
+    def __call__(
+        self, model, buckets: bool = False, attention: bool = False
+    ) -> tuple[list[dict], list[dict]]:
         lm_rows, lm_seqs = self.lm(model, buckets)
         pk_rows, pk_seqs = self.passkey(model)
         tag = lambda rows, task: [{"task": task, **r} for r in rows]  # noqa: E731
-        at_rows = tag(self.attention(model), "attention") if attention and self.world.main else []
-        return tag(lm_rows, "lm") + tag(pk_rows, "passkey") + at_rows, tag(lm_seqs, "lm") + tag(pk_seqs, "passkey")
+        at_rows = (
+            tag(self.attention(model), "attention")
+            if attention and self.world.main
+            else []
+        )
+        return tag(lm_rows, "lm") + tag(pk_rows, "passkey") + at_rows, tag(
+            lm_seqs, "lm"
+        ) + tag(pk_seqs, "passkey")
 
 
 @torch.no_grad()
-def attention_profile(model: TinyTransformer, windows: torch.Tensor, train_len: int, batch_size: int = 16) -> list[dict]:
+def attention_profile(
+    model: TinyTransformer, windows: torch.Tensor, train_len: int, batch_size: int = 16
+) -> list[dict]:
     """Where each head of each layer attends, for the last train_len/2 queries of `windows` (rows of n bytes).
 
     Per layer and head (bucket "layer0.head1"), the mean over those queries of: the entropy of the
@@ -238,16 +379,44 @@ def attention_profile(model: TinyTransformer, windows: torch.Tensor, train_len: 
         def hook(block, args):
             x, positions, mask = (*args, None)[:3]
             batch, length, dim = x.shape
-            q, k, v = block.qkv(block.norm1(x)).view(batch, length, 3, block.num_heads, dim // block.num_heads).permute(2, 0, 3, 1, 4)
-            _, w = attention(q, k, v, block.scheme, causal=block.causal, mask=mask, q_positions=positions, k_positions=positions,
-                             backend="explicit", scale=block.scale, return_weights=True)
+            q, k, v = (
+                block.qkv(block.norm1(x))
+                .view(batch, length, 3, block.num_heads, dim // block.num_heads)
+                .permute(2, 0, 3, 1, 4)
+            )
+            _, w = attention(
+                q,
+                k,
+                v,
+                block.scheme,
+                causal=block.causal,
+                mask=mask,
+                q_positions=positions,
+                k_positions=positions,
+                backend="explicit",
+                scale=block.scale,
+                return_weights=True,
+            )
             w = w[:, :, first:, :].double()  # (batch, heads, queries, keys)
-            distance = (torch.arange(first, n, device=w.device)[:, None] - torch.arange(n, device=w.device)).double()
-            stats = torch.stack((-torch.special.xlogy(w, w).sum(-1), (w * (distance >= train_len)).sum(-1), (w * distance).sum(-1)))
+            distance = (
+                torch.arange(first, n, device=w.device)[:, None]
+                - torch.arange(n, device=w.device)
+            ).double()
+            stats = torch.stack(
+                (
+                    -torch.special.xlogy(w, w).sum(-1),
+                    (w * (distance >= train_len)).sum(-1),
+                    (w * distance).sum(-1),
+                )
+            )
             sums[index] = sums.get(index, 0) + stats.sum(dim=(1, 3)).cpu()  # (3, heads)
+
         return hook
 
-    handles = [block.register_forward_pre_hook(capture(i)) for i, block in enumerate(model.blocks)]
+    handles = [
+        block.register_forward_pre_hook(capture(i))
+        for i, block in enumerate(model.blocks)
+    ]
     try:
         for at in range(0, len(windows), batch_size):
             model(windows[at : at + batch_size].to(device))
@@ -255,24 +424,50 @@ def attention_profile(model: TinyTransformer, windows: torch.Tensor, train_len: 
         for handle in handles:
             handle.remove()
     count = len(windows) * (n - first)
-    return [{"bucket": f"layer{layer}.head{head}", "metric": metric, "value": float(sums[layer][m, head] / count)}
-            for layer in sorted(sums) for head in range(sums[layer].shape[1])
-            for m, metric in enumerate(("entropy", "far_mass", "mean_distance"))]
+    return [
+        {
+            "bucket": f"layer{layer}.head{head}",
+            "metric": metric,
+            "value": float(sums[layer][m, head] / count),
+        }
+        for layer in sorted(sums)
+        for head in range(sums[layer].shape[1])
+        for m, metric in enumerate(("entropy", "far_mass", "mean_distance"))
+    ]
 
 
 # --- one run: a scheme and a seed -------------------------------------------------------------------
 
+
 def build_model(label: str, preset: Preset, device) -> TinyTransformer:
     name, args = scheme_table(preset)[label]
-    model = TinyTransformer(VOCAB_SIZE, dim=preset.dim, num_heads=preset.num_heads, num_layers=preset.num_layers, scheme=name,
-                            scheme_args=args, max_len=preset.train_len, backend="sdpa")
-    if any(block.scheme.needs_weights for block in model.blocks):  # Shaw's value term needs the weights: explicit backend
+    model = TinyTransformer(
+        VOCAB_SIZE,
+        dim=preset.dim,
+        num_heads=preset.num_heads,
+        num_layers=preset.num_layers,
+        scheme=name,
+        scheme_args=args,
+        max_len=preset.train_len,
+        backend="sdpa",
+    )
+    if any(
+        block.scheme.needs_weights for block in model.blocks
+    ):  # Shaw's value term needs the weights: explicit backend
         for block in model.blocks:
             block.backend = "explicit"
     return model.to(device)
 
 
-def run(name: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | None = None, world: World = World(), device=None) -> tuple[list[dict], list[dict]]:
+def run(
+    name: str,
+    seed: int,
+    preset: Preset,
+    corpus,
+    evaluation: Evaluation | None = None,
+    world: World = World(),
+    device=None,
+) -> tuple[list[dict], list[dict]]:
     """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it at every length.
 
     The model trained with plain RoPE (not a variation's) then goes on to its context extensions
@@ -292,7 +487,9 @@ def run(name: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | N
         px, py = make_passkey(step)
         return [(x, y, 1.0), (px, py, preset.passkey_weight)]
 
-    losses = train_model(model, preset.steps, preset.lr, preset.warmup, mixed, world, device)
+    losses = train_model(
+        model, preset.steps, preset.lr, preset.warmup, mixed, world, device
+    )
     rows, seqs = [], []
 
     def record(variant_label, variant, m, trained=False):
@@ -302,14 +499,35 @@ def run(name: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | N
 
     record(label, variant, model, trained=True)
     tail = losses[-max(1, preset.steps // 20) :]
-    rows.append({"task": "lm+passkey", "scheme": label, "variant": variant, "protocol": "train", "eval_len": L, "metric": "train_loss_end", "value": sum(tail) / len(tail)})
+    rows.append(
+        {
+            "task": "lm+passkey",
+            "scheme": label,
+            "variant": variant,
+            "protocol": "train",
+            "eval_len": L,
+            "metric": "train_loss_end",
+            "value": sum(tail) / len(tail),
+        }
+    )
     if label == "rope" and variant == "trained":
 
-        def fine_tune(twin, length):  # text only, the same bytes a step at every length: batch x length
+        def fine_tune(
+            twin, length
+        ):  # text only, the same bytes a step at every length: batch x length
             torch.manual_seed(seed)
             rows_ = max(1, preset.batch_size * L // length)
-            train_model(twin, preset.finetune_steps, preset.finetune_lr, max(1, preset.warmup // 2),
-                        lambda step: [(*lm_batch(corpus.train, length, rows_, seed + 512, step), 1.0)], world, device)
+            train_model(
+                twin,
+                preset.finetune_steps,
+                preset.finetune_lr,
+                max(1, preset.warmup // 2),
+                lambda step: [
+                    (*lm_batch(corpus.train, length, rows_, seed + 512, step), 1.0)
+                ],
+                world,
+                device,
+            )
 
         for variant_label, rope_args in rescalings(preset).items():
             twin = with_rope(model, **rope_args)
@@ -320,7 +538,15 @@ def run(name: str, seed: int, preset: Preset, corpus, evaluation: Evaluation | N
         twin = with_rope(model)
         fine_tune(twin, L)
         record(CONTROL_AT_L, "fine-tuned", twin)
-    full = [{"preset": preset.name, "seed": seed, "depth": "", "bucket": "", "note": "", **r} for r in rows]
+    full = [
+        {
+            "preset": preset.name,
+            "seed": seed,
+            "depth": "",
+            "bucket": "",
+            "note": "",
+            **r,
+        }
+        for r in rows
+    ]
     return full, [{"seed": seed, "depth": "", "bucket": "", **s} for s in seqs]
-
-

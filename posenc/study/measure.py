@@ -34,20 +34,28 @@ class _StorageCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.live = self.peak = 0
-        self._sizes: dict[int, int] = {}  # id of a weak reference to a storage -> bytes counted for it
-        self._refs: dict[int, weakref.ref] = {}  # id(storage) -> its weak reference, while it lives
+        self._sizes: dict[
+            int, int
+        ] = {}  # id of a weak reference to a storage -> bytes counted for it
+        self._refs: dict[
+            int, weakref.ref
+        ] = {}  # id(storage) -> its weak reference, while it lives
 
     def _freed(self, ref: weakref.ref) -> None:
         self.live -= self._sizes.pop(id(ref), 0)
 
     def _track(self, storage: torch.UntypedStorage, existing: dict[int, int]) -> None:
         ref = self._refs.get(id(storage))
-        if ref is None or ref() is not storage:  # a storage not seen yet (an id can be reused after a free)
+        if (
+            ref is None or ref() is not storage
+        ):  # a storage not seen yet (an id can be reused after a free)
             ref = weakref.ref(storage, self._freed)
             self._refs[id(storage)] = ref
             # a storage made before the call (an input, seen again through a view) counts only what it grows
             self._sizes[id(ref)] = existing.get(id(storage), 0)
-        grown = storage.nbytes() - self._sizes[id(ref)]  # new storages, and storages resized in place
+        grown = (
+            storage.nbytes() - self._sizes[id(ref)]
+        )  # new storages, and storages resized in place
         if grown > 0:
             self._sizes[id(ref)] += grown
             self.live += grown
@@ -91,7 +99,9 @@ def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if not torch.cuda.is_available():
-        raise RuntimeError("cuda_peak_memory needs a CUDA device; on the CPU use posenc.peak_memory")
+        raise RuntimeError(
+            "cuda_peak_memory needs a CUDA device; on the CPU use posenc.peak_memory"
+        )
     device = torch.device("cuda") if device is None else torch.device(device)
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
@@ -132,7 +142,10 @@ def l2_flusher(device, nbytes: int | None = None) -> Callable[[], None] | None:
     if device.type != "cuda":
         return None
     if nbytes is None:
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 128 * 2**20
+        l2 = (
+            getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+            or 128 * 2**20
+        )
         nbytes = 2 * l2
     if not isinstance(nbytes, int) or nbytes <= 0:
         raise ValueError(f"nbytes must be a positive int; got {nbytes!r}")
@@ -144,7 +157,9 @@ def l2_flusher(device, nbytes: int | None = None) -> Callable[[], None] | None:
     return flush
 
 
-def time_rounds(fns: dict, device, warmup: int, rounds: int, flush: Callable[[], None] | None = None) -> tuple[dict, dict]:
+def time_rounds(
+    fns: dict, device, warmup: int, rounds: int, flush: Callable[[], None] | None = None
+) -> tuple[dict, dict]:
     """Milliseconds of each named call, interleaved: every round times each call once, the order rotating by one per round.
 
     Each call is first called `warmup` times; on a GPU, `flush` (see l2_flusher) runs before every
@@ -155,8 +170,15 @@ def time_rounds(fns: dict, device, warmup: int, rounds: int, flush: Callable[[],
 
     if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
         raise TypeError("fns must be a dict of name -> callable")
-    if not isinstance(rounds, int) or rounds < 1 or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"rounds must be an int >= 1 and warmup an int >= 0; got {rounds!r} and {warmup!r}")
+    if (
+        not isinstance(rounds, int)
+        or rounds < 1
+        or not isinstance(warmup, int)
+        or warmup < 0
+    ):
+        raise ValueError(
+            f"rounds must be an int >= 1 and warmup an int >= 0; got {rounds!r} and {warmup!r}"
+        )
     device = torch.device(device)
     times, failed = {name: [] for name in fns}, {}
     for name, fn in fns.items():
@@ -175,7 +197,10 @@ def time_rounds(fns: dict, device, warmup: int, rounds: int, flush: Callable[[],
                     if flush is not None:
                         flush()
                     torch.cuda.synchronize(device)
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start, end = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
                     start.record()
                     fns[name]()
                     end.record()
@@ -200,7 +225,9 @@ def summarize(times_ms: list[float]) -> tuple[float, float, float]:
     return median, q25, q75
 
 
-def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+def time_call(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int
+) -> list[float]:
     """Milliseconds of `repeats` calls after `warmup` calls: CUDA events on a GPU, perf_counter elsewhere."""
     import time
 
@@ -210,7 +237,10 @@ def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repea
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             start.record()
             fn()
             end.record()

@@ -27,7 +27,9 @@ def _codes(data: torch.Tensor, n: int) -> torch.Tensor:
     return code
 
 
-def _lookup(table: tuple[torch.Tensor, torch.Tensor], codes: torch.Tensor) -> torch.Tensor:
+def _lookup(
+    table: tuple[torch.Tensor, torch.Tensor], codes: torch.Tensor
+) -> torch.Tensor:
     keys, counts = table
     at = torch.searchsorted(keys, codes).clamp(max=len(keys) - 1)
     return torch.where(keys[at] == codes, counts[at], torch.zeros_like(at))
@@ -38,7 +40,9 @@ def _table(data: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, counts
 
 
-def ngram_counts(train: torch.Tensor, valid: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def ngram_counts(
+    train: torch.Tensor, valid: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(count(c, x), count(c)) in `train` for every validation n-gram (c, x), from validation position n-1 on."""
     positive_int("n", n)
     if len(train) < n or len(valid) < n:
@@ -50,7 +54,9 @@ def ngram_counts(train: torch.Tensor, valid: torch.Tensor, n: int) -> tuple[torc
     return joint, _lookup(_table(train[:-1], n - 1), _codes(valid[:-1], n - 1)).double()
 
 
-def ngram_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01, counts=None) -> torch.Tensor:
+def ngram_losses(
+    train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01, counts=None
+) -> torch.Tensor:
     """Loss (nats) of every validation byte from position n-1 on, under an add-k byte n-gram counted on `train`.
 
     Entry t is -ln p(valid[t + n - 1] | valid[t : t + n - 1]); for n = 1 it is the unigram.
@@ -62,7 +68,9 @@ def ngram_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.
     return -torch.log((joint + k) / (context + VOCAB * k))
 
 
-def byte_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01) -> torch.Tensor:
+def byte_losses(
+    train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01
+) -> torch.Tensor:
     """Loss (nats) of every validation byte under an add-k byte n-gram, aligned with `valid`: entry t scores valid[t].
 
     The first n-1 bytes take their missing context from newlines (the split is whole files, each
@@ -72,12 +80,19 @@ def byte_losses(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.0
     return ngram_losses(train, torch.cat((context, valid)), n, k)
 
 
-def ngram_loss(train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01) -> float:
+def ngram_loss(
+    train: torch.Tensor, valid: torch.Tensor, n: int, k: float = 0.01
+) -> float:
     """Mean loss in nats per byte of an add-k byte n-gram (see ngram_losses)."""
     return float(ngram_losses(train, valid, n, k).mean())
 
 
-def ngram_baselines(train: torch.Tensor, valid: torch.Tensor, orders=(2, 3, 4), ks=(1.0, 0.1, 0.01, 0.001)) -> dict:
+def ngram_baselines(
+    train: torch.Tensor,
+    valid: torch.Tensor,
+    orders=(2, 3, 4),
+    ks=(1.0, 0.1, 0.01, 0.001),
+) -> dict:
     """{"bigram", "trigram", "4gram"} -> nats per byte on the whole validation split, with the best k of `ks` for each.
 
     k is chosen on the validation split itself, which favours the baseline: a model that beats it

@@ -23,11 +23,15 @@ def _layout(length: int, digits: int) -> int:
     positive_int("digits", digits)
     filler = positive_int("length", length) - 2 * (digits + 1)
     if filler < 0:
-        raise ValueError(f"length must be at least {2 * (digits + 1)} to hold the key and the question for {digits} digits, got {length}")
+        raise ValueError(
+            f"length must be at least {2 * (digits + 1)} to hold the key and the question for {digits} digits, got {length}"
+        )
     return filler
 
 
-def passkey_batch(length: int, depths, generator: torch.Generator, digits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def passkey_batch(
+    length: int, depths, generator: torch.Generator, digits: int = 4
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(inputs, targets, keys) for one sequence per depth in `depths` (fractions in [0, 1]).
 
     inputs is (n, length) int64 bytes; targets is -100 except where the model
@@ -37,12 +41,16 @@ def passkey_batch(length: int, depths, generator: torch.Generator, digits: int =
     """
     filler_len = _layout(length, digits)
     depths = torch.as_tensor(depths, dtype=torch.float64).reshape(-1)
-    if depths.numel() == 0 or bool(((depths < 0) | (depths > 1) | depths.isnan()).any()):
+    if depths.numel() == 0 or bool(
+        ((depths < 0) | (depths > 1) | depths.isnan()).any()
+    ):
         raise ValueError("depths must be one or more fractions in [0, 1]")
     n = len(depths)
     keys = torch.randint(ord("0"), ord("9") + 1, (n, digits), generator=generator)
     offsets = torch.randint(0, len(FILLER), (n,), generator=generator)
-    filler_bytes = torch.tensor(list(FILLER * (filler_len // len(FILLER) + 2)), dtype=torch.long)
+    filler_bytes = torch.tensor(
+        list(FILLER * (filler_len // len(FILLER) + 2)), dtype=torch.long
+    )
     inputs = torch.empty(n, length, dtype=torch.long)
     targets = torch.full((n, length), IGNORE_INDEX, dtype=torch.long)
     for row in range(n):
@@ -68,7 +76,9 @@ def training_batches(length: int, batch_size: int, seed: int, digits: int = 4):
     return batches
 
 
-def test_batch(length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def test_batch(
+    length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed (inputs, targets) of the test at one length and depth: the same for every model."""
     positive_int("count", count)
     if not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
@@ -79,7 +89,13 @@ def test_batch(length: int, depth: float, count: int = 64, seed: int = 12345, di
 
 
 @torch.no_grad()
-def passkey_correct(model, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 64, device=None) -> torch.Tensor:
+def passkey_correct(
+    model,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    batch_size: int = 64,
+    device=None,
+) -> torch.Tensor:
     """Boolean per sequence: is every key digit the model's argmax (exact match)?"""
     device = next(model.parameters()).device if device is None else device
     out = []
@@ -90,7 +106,15 @@ def passkey_correct(model, inputs: torch.Tensor, targets: torch.Tensor, batch_si
     return torch.cat(out)
 
 
-def passkey_accuracy(model, length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4, device=None) -> float:
+def passkey_accuracy(
+    model,
+    length: int,
+    depth: float,
+    count: int = 64,
+    seed: int = 12345,
+    digits: int = 4,
+    device=None,
+) -> float:
     """Fraction of `count` sequences whose every key digit is the model's argmax (exact match)."""
     inputs, targets = test_batch(length, depth, count, seed, digits)
     return float(passkey_correct(model, inputs, targets, device=device).double().mean())

@@ -18,13 +18,20 @@ from pathlib import Path
 
 ENV = "POSENC_RESULTS"
 USER_DIR = "posenc_results"  # under the working directory, where posenc is not imported from a checkout
-ENTRY_POINTS = {"benchmark": "posenc.study.benchmark", "extrapolation": "posenc.study.extrapolation"}
+ENTRY_POINTS = {
+    "benchmark": "posenc.study.benchmark",
+    "extrapolation": "posenc.study.extrapolation",
+}
 
 
 def _checkout_results() -> Path | None:
     """chapters/results/ of the repository posenc is imported from, if it is a checkout of the book."""
     root = Path(__file__).resolve().parents[2]
-    return root / "chapters" / "results" if (root / "chapters").is_dir() and (root / "pyproject.toml").is_file() else None
+    return (
+        root / "chapters" / "results"
+        if (root / "chapters").is_dir() and (root / "pyproject.toml").is_file()
+        else None
+    )
 
 
 def results_dir() -> Path:
@@ -34,7 +41,9 @@ def results_dir() -> Path:
     return _checkout_results() or Path.cwd() / USER_DIR
 
 
-def command_line(entry: str, preset: str, *, notebook: bool = False, extra: tuple[str, ...] = ()) -> str:
+def command_line(
+    entry: str, preset: str, *, notebook: bool = False, extra: tuple[str, ...] = ()
+) -> str:
     """The command that runs `entry` ("benchmark" or "extrapolation") with `preset` and writes where `read_result` reads.
 
     The folder is given relative to the working directory where it lies below it (so the printed
@@ -42,7 +51,9 @@ def command_line(entry: str, preset: str, *, notebook: bool = False, extra: tupl
     notebook cell.
     """
     if entry not in ENTRY_POINTS:
-        raise ValueError(f"entry must be one of {', '.join(map(repr, ENTRY_POINTS))}; got {entry!r}")
+        raise ValueError(
+            f"entry must be one of {', '.join(map(repr, ENTRY_POINTS))}; got {entry!r}"
+        )
     if not isinstance(preset, str) or not preset:
         raise TypeError(f"preset must be a non-empty str; got {preset!r}")
     if not isinstance(extra, tuple) or not all(isinstance(e, str) for e in extra):
@@ -53,21 +64,35 @@ def command_line(entry: str, preset: str, *, notebook: bool = False, extra: tupl
         shown = folder.as_posix() if shown.startswith("..") else Path(shown).as_posix()
     except ValueError:  # another drive (Windows)
         shown = folder.as_posix()
-    words = ["python", "-m", ENTRY_POINTS[entry], "--preset", preset, "--out", shown, *extra]
+    words = [
+        "python",
+        "-m",
+        ENTRY_POINTS[entry],
+        "--preset",
+        preset,
+        "--out",
+        shown,
+        *extra,
+    ]
     return ("!" if notebook else "") + " ".join(shlex.quote(w) for w in words)
 
 
 def _installed_commit_url(name: str) -> str | None:
     """Where the file is in the repository, at the commit posenc was pip-installed from (None: not installed from git)."""
     try:
-        origin = json.loads(importlib.metadata.distribution("posenc").read_text("direct_url.json") or "null")
+        origin = json.loads(
+            importlib.metadata.distribution("posenc").read_text("direct_url.json")
+            or "null"
+        )
         repo = origin["url"].removeprefix("https://github.com/").removesuffix(".git")
         return f"https://raw.githubusercontent.com/{repo}/{origin['vcs_info']['commit_id']}/chapters/results/{name}"
     except (importlib.metadata.PackageNotFoundError, TypeError, KeyError, ValueError):
         return None
 
 
-def read_result(name: str, folder: str | Path | None = None, required: bool = False) -> str | None:
+def read_result(
+    name: str, folder: str | Path | None = None, required: bool = False
+) -> str | None:
     """The text of a result file, from the first place that has it.
 
     1. `folder`, if given;
@@ -84,11 +109,22 @@ def read_result(name: str, folder: str | Path | None = None, required: bool = Fa
         raise ValueError(f"name must be a file name (no folder); got {name!r}")
     if folder is not None and not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"folder must be a path or None; got {type(folder).__name__}")
-    places = list(dict.fromkeys([*([Path(folder)] if folder is not None else []), results_dir(), *filter(None, [_checkout_results()])]))
+    places = list(
+        dict.fromkeys(
+            [
+                *([Path(folder)] if folder is not None else []),
+                results_dir(),
+                *filter(None, [_checkout_results()]),
+            ]
+        )
+    )
     for place in places:
         if (place / name).is_file():
             return (place / name).read_text()
-    url, why = _installed_commit_url(name), "posenc was not installed from the book's git repository"
+    url, why = (
+        _installed_commit_url(name),
+        "posenc was not installed from the book's git repository",
+    )
     if url is not None:
         try:
             with urllib.request.urlopen(url, timeout=30) as response:

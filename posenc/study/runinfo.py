@@ -26,7 +26,9 @@ PACKAGE = HERE.parent
 def git(*args: str) -> str | None:
     """Output of a git command run from the package's folder; None outside a checkout or without git."""
     try:
-        done = subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -45,16 +47,25 @@ NOT_BENCHMARKED = frozenset({
 })  # fmt: skip
 
 
-def source_sha256(package: Path = PACKAGE, leave_out: frozenset[str] = frozenset()) -> str:
+def source_sha256(
+    package: Path = PACKAGE, leave_out: frozenset[str] = frozenset()
+) -> str:
     """SHA-256 of posenc's source (every .py file under the package but `leave_out`, by relative path and bytes).
 
     The same wherever the same code is installed (a clone, or pip at a commit in Colab), with no git:
     a chapter compares it with the one its stored results record, to show they come from the code it prints.
     """
     digest = hashlib.sha256()
-    for path in sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts):
+    for path in sorted(
+        p for p in package.rglob("*.py") if "__pycache__" not in p.parts
+    ):
         if path.relative_to(package).as_posix() not in leave_out:
-            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+            digest.update(
+                path.relative_to(package).as_posix().encode()
+                + b"\0"
+                + path.read_bytes()
+                + b"\0"
+            )
     return digest.hexdigest()
 
 
@@ -92,15 +103,35 @@ def _installed(name: str) -> str | None:
 
 def cuda_info(device: torch.device) -> dict:
     """Name, capability, memory, CUDA runtime and driver of a GPU; the same keys, None where there is no GPU."""
-    info = {"name": None, "capability": None, "total_memory_bytes": None, "cuda_runtime": torch.version.cuda, "cuda_driver": None, "cudnn": None}
+    info = {
+        "name": None,
+        "capability": None,
+        "total_memory_bytes": None,
+        "cuda_runtime": torch.version.cuda,
+        "cuda_driver": None,
+        "cudnn": None,
+    }
     if device.type != "cuda" or not torch.cuda.is_available():
         return info
     props = torch.cuda.get_device_properties(device)
-    info.update(name=props.name, capability=".".join(map(str, torch.cuda.get_device_capability(device))), total_memory_bytes=props.total_memory)
+    info.update(
+        name=props.name,
+        capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+        total_memory_bytes=props.total_memory,
+    )
     info["cudnn"] = torch.backends.cudnn.version()
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        info["cuda_driver"] = done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        info["cuda_driver"] = (
+            done.stdout.strip().splitlines()[0]
+            if done.returncode == 0 and done.stdout.strip()
+            else None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     return info
@@ -113,14 +144,18 @@ def run_metadata(preset: str, config, device, dtype: torch.dtype) -> dict:
     device = torch.device(device)
     gpu = cuda_info(device)
     commit, dirty = git_state()
-    config = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    config = (
+        dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    )
     return {
         "preset": preset,
         "config": json.loads(json.dumps(config)),
         "device": {
             "type": device.type,
             "name": gpu["name"] if device.type == "cuda" else cpu_model(),
-            "capability": gpu["capability"] if device.type == "cuda" else torch.backends.cpu.get_cpu_capability(),
+            "capability": gpu["capability"]
+            if device.type == "cuda"
+            else torch.backends.cpu.get_cpu_capability(),
             "total_memory_bytes": gpu["total_memory_bytes"],
         },
         "dtype": str(dtype).removeprefix("torch."),
@@ -136,7 +171,9 @@ def run_metadata(preset: str, config, device, dtype: torch.dtype) -> dict:
         "git": {"commit": commit, "dirty": dirty},
         "package_sha256": source_sha256(),
         "benchmarked_sha256": benchmarked_sha256(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),

@@ -15,7 +15,9 @@ import torch
 
 from .._checks import non_negative_int, positive_int
 
-IGNORE_INDEX = -100  # targets with this value are skipped by cross_entropy, hence by posenc.train
+IGNORE_INDEX = (
+    -100
+)  # targets with this value are skipped by cross_entropy, hence by posenc.train
 # torch's CPU generator keeps only the low 32 bits of a seed: (seed, step) is packed into 32 bits, one to one
 SEED_BITS, STEP_BITS = 10, 22
 
@@ -24,14 +26,26 @@ def _device(device) -> torch.device:
     if device is None:
         return torch.device("cpu")
     if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be None, a string or a torch.device, got {type(device).__name__}")
+        raise TypeError(
+            f"device must be None, a string or a torch.device, got {type(device).__name__}"
+        )
     try:
         return torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+        raise ValueError(
+            f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}"
+        ) from None
 
 
-def lag_copy(step: int, vocab_size: int = 16, length: int = 64, batch_size: int = 16, lag: int = 4, seed: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def lag_copy(
+    step: int,
+    vocab_size: int = 16,
+    length: int = 64,
+    batch_size: int = 16,
+    lag: int = 4,
+    seed: int = 0,
+    device=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of the lag-copy task: at every position i >= lag, predict the token at position i - lag.
 
     Returns `(inputs, targets)`, two int64 tensors of shape (batch_size, length).
@@ -48,10 +62,14 @@ def lag_copy(step: int, vocab_size: int = 16, length: int = 64, batch_size: int 
     non_negative_int("step", step, 2**STEP_BITS)
     non_negative_int("seed", seed, 2**SEED_BITS)
     if positive_int("vocab_size", vocab_size) < 2:
-        raise ValueError(f"vocab_size must be at least 2 (one token carries no information), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least 2 (one token carries no information), got {vocab_size}"
+        )
     positive_int("batch_size", batch_size)
     if positive_int("length", length) <= positive_int("lag", lag):
-        raise ValueError(f"length must exceed lag (no position would have a target), got length={length}, lag={lag}")
+        raise ValueError(
+            f"length must exceed lag (no position would have a target), got length={length}, lag={lag}"
+        )
     gen = torch.Generator().manual_seed((seed << STEP_BITS) + step)
     inputs = torch.randint(0, vocab_size, (batch_size, length), generator=gen)
     targets = torch.full_like(inputs, IGNORE_INDEX)
@@ -60,12 +78,26 @@ def lag_copy(step: int, vocab_size: int = 16, length: int = 64, batch_size: int 
     return inputs.to(dev), targets.to(dev)
 
 
-def lag_copy_batches(vocab_size: int = 16, length: int = 64, batch_size: int = 16, lag: int = 4, seed: int = 0, device=None) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+def lag_copy_batches(
+    vocab_size: int = 16,
+    length: int = 64,
+    batch_size: int = 16,
+    lag: int = 4,
+    seed: int = 0,
+    device=None,
+) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     """`batches(step)` for `posenc.train`: `lag_copy` with every argument but the step fixed.
 
     The arguments are checked here, once, so a mistake fails before training starts.
     """
-    kwargs = dict(vocab_size=vocab_size, length=length, batch_size=batch_size, lag=lag, seed=seed, device=device)
+    kwargs = dict(
+        vocab_size=vocab_size,
+        length=length,
+        batch_size=batch_size,
+        lag=lag,
+        seed=seed,
+        device=device,
+    )
     lag_copy(0, **kwargs)  # checks the arguments
 
     def batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
