@@ -50,18 +50,29 @@ def uses_transformers(nb) -> bool:
 
 
 def setup_source(commit: str, reference: bool, config_path: Path = ROOT / "_config.yml") -> str:
-    """The setup cell every chapter starts with: install posenc where it is missing (Colab), at `commit`."""
+    """The setup cell every chapter starts with: install posenc where it is missing (Colab), at `commit`.
+
+    Written as ruff formats it, each line within the book's 88 characters.
+    """
     repo = yaml.safe_load(config_path.read_text())["repository"]
     extra = "[reference]" if reference else ""
-    spec = f"posenc{extra} @ git+{repo['url']}@{commit}"
-    why = ", with the transformers release its cross-checks were written against" if reference else ""
+    why = (
+        ",\n# with the transformers release its cross-checks were written against"
+        if reference
+        else ""
+    )
     return (
-        "# Setup: where posenc is not installed (on Colab, say), install it from the book's repository at the commit\n"
-        f"# whose package made the stored outputs{why}.\n"
-        "import importlib.util, subprocess, sys\n"
+        "# Setup: where posenc is not installed (on Colab, say), install it from the book's\n"
+        f"# repository at the commit whose package made the stored outputs{why}.\n"
+        "import importlib.util\n"
+        "import subprocess\n"
+        "import sys\n"
         "\n"
+        f'REPOSITORY = "git+{repo["url"]}"\n'
+        f'COMMIT = "{commit}"\n'
         'if importlib.util.find_spec("posenc") is None:\n'
-        f'    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{spec}"], check=True)'
+        f'    spec = f"posenc{extra} @ {{REPOSITORY}}@{{COMMIT}}"\n'
+        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)'
     )
 
 

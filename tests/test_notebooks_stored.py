@@ -108,7 +108,7 @@ def test_second_cell_is_the_setup_cell_from_config(notebook):
     cell = nb.cells[1]
     assert cell.cell_type == "code", f"{path.name}: the {SETUP_TAG} cell must be a code cell"
     executor = _executor()
-    commit = re.search(r"@([0-9a-f]{40})\b", cell.source)
+    commit = re.search(r"COMMIT = \"([0-9a-f]{40})\"", cell.source)
     assert commit, f"{path.name}: the setup cell installs no commit of the repository (Colab would run other code than the stored outputs')"
     expected = executor.setup_source(commit[1], executor.uses_transformers(nb))
     assert cell.source == expected, (
@@ -122,7 +122,7 @@ def test_setup_cell_installs_a_commit_of_this_history(notebook):
     path, nb = notebook
     if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
         pytest.skip("not a git checkout")
-    commit = re.search(r"@([0-9a-f]{40})\b", nb.cells[1].source)[1]
+    commit = re.search(r"COMMIT = \"([0-9a-f]{40})\"", nb.cells[1].source)[1]
     ancestor = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=ROOT, capture_output=True)
     assert ancestor.returncode == 0, f"{path.name}: the setup cell installs {commit}, which is not a commit of this branch's history"
 
