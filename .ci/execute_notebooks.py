@@ -44,26 +44,21 @@ def package_commit() -> str:
     return subprocess.run(["git", "log", "-1", "--format=%H", "--", *package], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def uses_transformers(nb) -> bool:
-    """Whether a chapter cross-checks against transformers (it then needs the pinned release)."""
-    return any(cell.cell_type == "code" and "transformers" in cell.source for cell in nb.cells[2:])
-
-
-def setup_source(commit: str, reference: bool, config_path: Path = ROOT / "_config.yml") -> str:
+def setup_source(commit: str, config_path: Path = ROOT / "_config.yml") -> str:
     """The setup cell every chapter starts with: install posenc where it is missing (Colab), at `commit`.
 
-    Written as ruff formats it, each line within the book's 88 characters.
+    Every chapter installs the `reference` extra (the transformers release the cross-checks
+    were written against): a reader who goes on in the same runtime finds posenc installed by
+    an earlier chapter, so the first one must bring what every later one needs. Written as
+    ruff formats it, each line within the book's 88 characters.
     """
     repo = yaml.safe_load(config_path.read_text())["repository"]
-    extra = "[reference]" if reference else ""
-    why = (
-        ",\n# with the transformers release its cross-checks were written against"
-        if reference
-        else ""
-    )
     return (
         "# Setup: where posenc is not installed (on Colab, say), install it from the book's\n"
-        f"# repository at the commit whose package made the stored outputs{why}.\n"
+        "# repository at the commit whose package made the stored outputs, with the transformers\n"
+        "# release its cross-checks were written against (restart the runtime first if another\n"
+        "# transformers was already imported there).\n"
+        "import importlib\n"
         "import importlib.util\n"
         "import subprocess\n"
         "import sys\n"
@@ -71,8 +66,9 @@ def setup_source(commit: str, reference: bool, config_path: Path = ROOT / "_conf
         f'REPOSITORY = "git+{repo["url"]}"\n'
         f'COMMIT = "{commit}"\n'
         'if importlib.util.find_spec("posenc") is None:\n'
-        f'    spec = f"posenc{extra} @ {{REPOSITORY}}@{{COMMIT}}"\n'
-        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)'
+        '    spec = f"posenc[reference] @ {REPOSITORY}@{COMMIT}"\n'
+        '    subprocess.run([sys.executable, "-m", "pip", "install", "-q", spec], check=True)\n'
+        "    importlib.invalidate_caches()"
     )
 
 
@@ -85,7 +81,7 @@ def sync_setup_cell(nb, source: str) -> None:
 
 def execute(path: Path, commit: str) -> None:
     nb = nbformat.read(path, as_version=4)
-    sync_setup_cell(nb, setup_source(commit, uses_transformers(nb)))
+    sync_setup_cell(nb, setup_source(commit))
     for cell in nb.cells:
         if cell.cell_type == "code" and "skip-execution" not in cell.metadata.get("tags", []):
             cell.outputs, cell.execution_count = [], None

@@ -110,7 +110,7 @@ def test_second_cell_is_the_setup_cell_from_config(notebook):
     executor = _executor()
     commit = re.search(r"COMMIT = \"([0-9a-f]{40})\"", cell.source)
     assert commit, f"{path.name}: the setup cell installs no commit of the repository (Colab would run other code than the stored outputs')"
-    expected = executor.setup_source(commit[1], executor.uses_transformers(nb))
+    expected = executor.setup_source(commit[1])
     assert cell.source == expected, (
         f"{path.name}: the setup cell differs from setup_source() (_config.yml changed since the outputs were "
         f"stored?); re-run `.venv/bin/python .ci/execute_notebooks.py chapters/{path.name}`"
