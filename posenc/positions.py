@@ -263,10 +263,11 @@ class Positions:
 
     @property
     def rows(self) -> int:
-        """How many sequences the positions tell apart: the batch where they are given per row, else 1."""
-        if not self.per_row:
-            return 1
-        return self.q.shape[0] if self.q.ndim == 2 else self.k.shape[0]
+        """How many sequences the positions or documents tell apart: the batch where either is given per row, else 1."""
+        given = (self.q, self.k, self.q_doc, self.k_doc)
+        return max(
+            (t.shape[0] for t in given if t is not None and t.ndim == 2), default=1
+        )
 
     def query_positions(self):
         """What a query/key transform receives: the coordinates if given, a range in the default layout (RoPE caches its table for it), else the tensor."""

@@ -9,6 +9,8 @@ per head, the key's one rope slice expanded to every head. What stays the caller
 the content scale (1/sqrt(head_dim); Gemma 2 and 3 use query_pre_attn_scalar^-0.5,
 Gemma 4 1.0) and, for an encoder (modernbert), causal=False. A layer that is not softmax
 attention (Qwen3-Next's Gated DeltaNet) is returned as its layer type, a string.
+Learned parts start at zero: gpt-oss's sink logits are `scheme.sinks`, to be loaded from
+the checkpoint's `self_attn.sinks` like any other weight.
 
 One short function per family, registered by model_type, as transformers'
 `modeling_rope_utils` registers its RoPE functions. Each reads the fields its model
@@ -269,8 +271,15 @@ def _per_type(
             f"a flat set such as {params} without a word (every layer runs default RoPE): give it per layer type"
         )
     params = {t: dict(p) for t, p in (params or defaults).items()}
+    scaling = f.get("rope_scaling") or {}
+    if "type" in scaling and "rope_type" not in scaling:
+        raise ValueError(
+            f"rope_scaling {scaling} names its type with the old key 'type': transformers 5.23 merges it into "
+            f"{f.model_type!r}'s default entry, whose rope_type stays 'default', so it silently runs no scaling; "
+            "write 'rope_type' if the scaling is meant (or drop it)"
+        )
     for t in legacy_to:
-        params[t].update(f.get("rope_scaling") or {})
+        params[t].update(scaling)
     for t, (field, default) in thetas.items():
         params[t].setdefault("rope_theta", f.get(field, default))
     return params
@@ -453,6 +462,12 @@ def olmo3(f: Fields) -> list:
     types = f.layer_types(
         [SLIDING if (i + 1) % 4 else FULL for i in range(f.num_layers)], (FULL, SLIDING)
     )
+    theta = f.get("rope_theta", 5e5)
+    if theta != 5e5 and not f.get("rope_parameters"):
+        raise ValueError(
+            f"rope_theta={theta} at the top of an olmo3 config: transformers 5.23 gives it to the full layers only "
+            "and 500000 to the sliding ones (configuration_olmo3.py:117-122); give rope_parameters per layer type"
+        )
     params = _per_type(
         f,
         {SLIDING: {}, FULL: {}},
