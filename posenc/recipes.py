@@ -118,7 +118,8 @@ def one_window_for_all(f: Fields) -> list:
 @recipe("qwen2", "qwen3")
 def qwen(f: Fields) -> list:
     """Full RoPE; a window only where use_sliding_window is on, and then on the layers from max_window_layers up."""
-    window = f.get("sliding_window") if f.get("use_sliding_window", False) else None
+    window, use = f.get("sliding_window"), f.get("use_sliding_window", False)
+    window = window if use else None
     first = f.get("max_window_layers", 28)
     types = f.layer_types(
         [SLIDING if window and i >= first else FULL for i in range(f.num_layers)],
@@ -159,7 +160,8 @@ def smollm3(f: Fields) -> list:
     uses_rope = list(
         f.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
     )
-    window = f.get("sliding_window") if f.get("use_sliding_window", False) else None
+    window, use = f.get("sliding_window"), f.get("use_sliding_window", False)
+    window = window if use else None
     types = f.layer_types(
         [SLIDING if window and not uses_rope[i] else FULL for i in range(n)],
         (FULL, SLIDING),
