@@ -2,13 +2,16 @@
 
 A mask_mod(b, h, q_pos, k_pos) says whether the query at q_pos may attend to the key
 at k_pos (True: it may). Each mask is written once, for one pair; `and_masks` and
-`or_masks` combine them, as attention-gym does; `mask_matrix` evaluates one on a grid
-of positions (the dense boolean mask the explicit and sdpa backends use), and
-posenc.attention turns the same function into FlexAttention's block mask.
+`or_masks` combine them, as attention-gym does. `mask_matrix` evaluates one on two
+lists of positions (what the chapters print and plot); posenc.kernel.mask_table
+evaluates the same function, combined with the causal mask, on index grids (the dense
+boolean mask the explicit and sdpa backends use), and posenc.attention turns it into
+FlexAttention's block mask.
 
 The masks models ship, each a `Mask` (a mask_mod with what identifies it):
 
-* `sliding_window(W)`: the causal window of W keys (Mistral, Gemma's local layers), with sinks;
+* `sliding_window(W)`: the causal window of W keys (Mistral, Gemma's local layers),
+  with sinks;
 * `chunked(C)`: the sequence cut into chunks of C positions, each seeing only itself
   (Llama 4's local layers; causal inside a chunk under posenc.attention's causal mask);
 * `bidirectional_window(R)`: the keys within R positions on either side (Longformer's
@@ -41,7 +44,9 @@ def causal(b, h, q_pos, k_pos):
 
 @dataclass(frozen=True, eq=False)
 class Mask:
-    """A mask_mod over positions, with the key that identifies it (block masks and dense masks are cached by it).
+    """A mask_mod over positions, with the key that identifies it.
+
+    Block masks and dense masks are cached by the key.
 
     `sees_later_keys`: the mask lets some query see a key after it, so it states
     causality itself and is not combined with the causal mask. `rows`: the batch size of
@@ -62,17 +67,20 @@ class Mask:
 
 
 def sliding_window(window: int, num_sinks: int = 0) -> Mask:
-    """The causal window of `window` keys, the query itself included: q_pos - window < k_pos <= q_pos.
+    """The causal window of `window` keys, the query itself included.
 
-    With `num_sinks` > 0 the first positions 0..num_sinks-1 (never a negative one, such as
-    left padding's) stay visible to every later query as well (the attention sinks of
-    StreamingLLM, Xiao et al., 2024). A window of W keys includes the query (Hugging Face's
-    convention): window=1 sees only itself.
+    A key is visible when q_pos - window < k_pos <= q_pos.
+
+    With `num_sinks` > 0 the first positions 0..num_sinks-1 (never a negative one,
+    such as left padding's) stay visible to every later query as well (the attention
+    sinks of StreamingLLM, Xiao et al., 2024). A window of W keys includes the query
+    (Hugging Face's convention): window=1 sees only itself.
     """
     positive_int("window", window)
     if non_negative_int("num_sinks", num_sinks) > window:
         raise ValueError(
-            f"num_sinks must not exceed the window: got num_sinks={num_sinks}, window={window}"
+            "num_sinks must not exceed the window: "
+            f"got num_sinks={num_sinks}, window={window}"
         )
 
     def window_mod(b, h, q_pos, k_pos):
@@ -82,16 +90,16 @@ def sliding_window(window: int, num_sinks: int = 0) -> Mask:
         return (k_pos <= q_pos) & (k_pos >= 0) & (k_pos < num_sinks)
 
     mod = or_masks(window_mod, sinks_mod) if num_sinks else window_mod
-    return Mask(
-        mod, ("sliding_window", window, num_sinks), window=window, num_sinks=num_sinks
-    )
+    key = ("sliding_window", window, num_sinks)
+    return Mask(mod, key, window=window, num_sinks=num_sinks)
 
 
 def chunked(chunk_size: int) -> Mask:
-    """Chunks of `chunk_size` positions, each seeing only itself: q_pos // chunk_size == k_pos // chunk_size.
+    """Chunks of `chunk_size` positions, each seeing only itself.
 
-    Chunks start at position 0, so left padding (negative positions) falls in chunks of
-    its own. Under a causal mask this is Llama 4's chunked attention (attention_chunk_size).
+    A key is visible when q_pos // chunk_size == k_pos // chunk_size. Chunks start at
+    position 0, so left padding (negative positions) falls in chunks of its own. Under
+    a causal mask this is Llama 4's chunked attention (attention_chunk_size).
     """
     positive_int("chunk_size", chunk_size)
 
@@ -104,11 +112,13 @@ def chunked(chunk_size: int) -> Mask:
 
 
 def bidirectional_window(radius: int) -> Mask:
-    """The keys at most `radius` positions away on either side: |q_pos - k_pos| <= radius (2 radius + 1 keys).
+    """The keys at most `radius` positions away on either side (2 radius + 1 keys).
 
-    Hugging Face's bidirectional sliding window (`sliding_window` = radius); ModernBERT's
-    local_attention = 128 is radius 64. For an encoder (causal=False); under a causal mask
-    it is the causal window of radius + 1 keys.
+    A key is visible when |q_pos - k_pos| <= radius.
+
+    Hugging Face's bidirectional sliding window (`sliding_window` = radius);
+    ModernBERT's local_attention = 128 is radius 64. For an encoder (causal=False);
+    under a causal mask it is the causal window of radius + 1 keys.
     """
     non_negative_int("radius", radius)
 
@@ -119,7 +129,9 @@ def bidirectional_window(radius: int) -> Mask:
 
 
 def prefix_lm(prefix_len: int) -> Mask:
-    """Positions 0..prefix_len-1 see each other both ways; every later query sees them and is causal after them.
+    """Positions 0..prefix_len-1 see each other both ways; every later query sees them.
+
+    After the prefix, attention is causal.
 
     The prefix LM of T5 (Raffel et al., 2020) and PaliGemma (image and prompt
     bidirectional, the answer causal). Run with causal=False: the mask is causal itself.
@@ -133,7 +145,7 @@ def prefix_lm(prefix_len: int) -> Mask:
 
 
 def causal_with_blocks(block_ids) -> Mask:
-    """Causal, and the tokens of one block see each other both ways (Gemma 3's image tokens).
+    """Causal, and the tokens of one block see each other both ways (Gemma 3's images).
 
     `block_ids` gives each position its block: (n,) shared by the batch, or (batch, n),
     indexed by position (0..n-1); -1, or a position outside 0..n-1, is in no block.
@@ -143,11 +155,13 @@ def causal_with_blocks(block_ids) -> Mask:
     ids = as_positions("block_ids", block_ids, integer=True)
     if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
         raise ValueError(
-            f"block_ids must have shape (n,) or (batch, n) with n >= 1, got {tuple(ids.shape)}"
+            "block_ids must have shape (n,) or (batch, n) with n >= 1, "
+            f"got {tuple(ids.shape)}"
         )
     if bool((ids < -1).any()):
+        bad = sorted(set(ids[ids < -1].tolist()))
         raise ValueError(
-            f"block_ids must be -1 (no block) or a block number >= 0, got {sorted(set(ids[ids < -1].tolist()))}"
+            f"block_ids must be -1 (no block) or a block number >= 0, got {bad}"
         )
     last = ids.shape[-1] - 1
 
@@ -199,12 +213,13 @@ def or_masks(*mods: MaskMod) -> MaskMod:
 
 
 def mask_matrix(mask_mod: MaskMod, q_positions, k_positions) -> torch.Tensor:
-    """The (len(q), len(k)) boolean matrix of a mask_mod: True where the query may attend to the key."""
+    """The (len(q), len(k)) boolean matrix of a mask_mod: True where q may see k."""
     q = as_positions("q_positions", q_positions, integer=True)
     k = as_positions("k_positions", k_positions, integer=True).to(q.device)
     if q.ndim != 1 or k.ndim != 1:
         raise ValueError(
-            f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+            "q_positions and k_positions must be one-dimensional, "
+            f"got shapes {tuple(q.shape)} and {tuple(k.shape)}"
         )
     zero = torch.zeros((), dtype=torch.long, device=q.device)
     return torch.as_tensor(mask_mod(zero, zero, q[:, None], k[None, :])).expand(
@@ -213,7 +228,9 @@ def mask_matrix(mask_mod: MaskMod, q_positions, k_positions) -> torch.Tensor:
 
 
 class Masked(Layer):
-    """An inner scheme (NoPE by default) with a mask over positions: `Masked(chunked(8192), Rope(128))` is Llama 4's local layer.
+    """An inner scheme (NoPE by default) with a mask over positions.
+
+    `Masked(chunked(8192), Rope(128))` is Llama 4's local layer.
 
     The mask is one of this module's `Mask`s; the inner scheme keeps its own hook. A
     mask that lets queries see later keys (prefix_lm, causal_with_blocks) runs with
@@ -226,11 +243,14 @@ class Masked(Layer):
     def __init__(self, mask: Mask, inner: Scheme | None = None):
         if not isinstance(mask, Mask):
             raise TypeError(
-                f"mask must be a posenc.score.masks.Mask (sliding_window, chunked, bidirectional_window, prefix_lm, causal_with_blocks), got {type(mask).__name__}"
+                "mask must be a posenc.score.masks.Mask (sliding_window, chunked, "
+                "bidirectional_window, prefix_lm, causal_with_blocks), "
+                f"got {type(mask).__name__}"
             )
         if isinstance(inner, Layer):
             raise ValueError(
-                f"inner must not be another masked scheme ({inner.name}): combine the masks into one"
+                f"inner must not be another masked scheme ({inner.name}): "
+                "combine the masks into one"
             )
         super().__init__(inner, mask)
 
@@ -240,7 +260,7 @@ class Masked(Layer):
 
 @register
 class SlidingWindow(Masked):
-    """Each query sees only the last `window` keys, itself included (i - W < j <= i), around an inner scheme.
+    """Each query sees only the last `window` keys, itself included (i - W < j <= i).
 
     The window is a mask on the scores; the inner scheme (NoPE, RoPE, ALiBi, ...)
     keeps its own hook, so `SlidingWindow(4096, Rope(128))` is Mistral-style attention.
@@ -250,9 +270,8 @@ class SlidingWindow(Masked):
     name = "sliding_window"
 
     def __init__(self, window: int, inner: Scheme | None = None, num_sinks: int = 0):
-        super().__init__(
-            sliding_window(window, num_sinks), inner
-        )  # checks window and num_sinks
+        # sliding_window checks window and num_sinks
+        super().__init__(sliding_window(window, num_sinks), inner)
 
     def extra_repr(self) -> str:
         return f"window={self.window}" + (
