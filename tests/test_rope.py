@@ -98,6 +98,35 @@ def test_the_row_permutation_maps_interleaved_to_half():
     assert not torch.allclose(q_i @ k_i.T, q_wrong @ k_wrong.T, atol=1.0)
 
 
+@pytest.mark.parametrize("rotated_part", ["first", "last"])
+def test_the_row_permutation_of_a_partial_rotation_stays_inside_the_rotated_part(
+    rotated_part,
+):
+    # GPT-J rotates 64 of 256 dimensions, interleaved: the permutation to rotate-half
+    # must pair within those 64 and leave the pass-through dimensions in place
+    head_dim, factor, seq = 32, 0.25, 7
+    perm = qk_rope.interleaved_to_half_permutation(head_dim, factor, rotated_part)
+    assert sorted(perm.tolist()) == list(range(head_dim))
+    inv_freq, _ = posenc.rope_frequencies(head_dim, partial_rotary_factor=factor)
+    x = torch.randn(2, 3, seq, head_dim, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(100, 100 + seq)
+
+    def rope(y, layout):
+        return posenc.apply_rope(
+            y, positions, inv_freq, layout, partial_rotary_factor=factor,
+            rotated_part=rotated_part,
+        )
+
+    assert torch.equal(rope(x[..., perm], "half"), rope(x, "interleaved")[..., perm])
+    kept = perm[8:] if rotated_part == "first" else perm[:-8]
+    assert torch.equal(kept, torch.arange(8, 32) if rotated_part == "first" else torch.arange(24))
+    # the whole head's permutation mixes pass-through dimensions into the pairs
+    whole = qk_rope.interleaved_to_half_permutation(head_dim)
+    assert not torch.allclose(
+        rope(x[..., whole], "half"), rope(x, "interleaved")[..., whole], atol=0.1
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
     """In half precision the angles, cos and sin are float32, rounded once to the dtype; the rotation runs in the dtype (as Hugging Face)."""

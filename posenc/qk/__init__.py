@@ -1,8 +1,9 @@
-"""The query/key hook: a position-dependent rotation of queries and keys before their dot product.
+"""The query/key hook: a position-dependent rotation of queries and keys.
 
-RoPE and its frequency schedules (rope, rope_scaling), xPos (xpos), RoPE over several
-position axes for images and video: axial 2-D RoPE (rescaled per axis), Pixtral's 2-D RoPE
-and Qwen2-VL's M-RoPE (axial), and where image and video tokens sit in a sequence (vl_positions).
+The rotation happens before their dot product. RoPE and its frequency schedules
+(rope, rope_scaling), xPos (xpos), RoPE over several position axes for images and
+video: axial 2-D RoPE (rescaled per axis), Pixtral's 2-D RoPE and Qwen2-VL's M-RoPE
+(axial), and where image and video tokens sit in a sequence (vl_positions).
 """
 
 from .axial import (

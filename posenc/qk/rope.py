@@ -1,4 +1,4 @@
-"""Rotary position embedding (Su et al., RoFormer): the query/key hook, its math and its scheme.
+"""Rotary position embedding (Su et al., RoFormer): the query/key hook and its scheme.
 
 `rope_frequencies` is a registry of frequency schedules keyed by the `rope_type`
 names of Hugging Face transformers; `apply_rope` rotates queries or keys; `Rope`
@@ -26,7 +26,10 @@ LAYOUTS = ("half", "interleaved")
 
 
 def rope_parameters(rope_type: str) -> dict[str, object]:
-    """The parameters a rope_type takes beyond head_dim and base, with their defaults (inspect.Parameter.empty: required)."""
+    """The parameters a rope_type takes beyond head_dim and base, with their defaults.
+
+    A default of inspect.Parameter.empty marks a required parameter.
+    """
     choice("rope_type", rope_type, tuple(ROPE_TYPES))
     params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[3:]
     return {p.name: p.default for p in params}
@@ -36,18 +39,23 @@ NUMERICS = {"float64": torch.float64, "transformers": torch.float32}
 
 
 def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
-    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor), Hugging Face's rule; it must be even."""
+    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor).
+
+    That is Hugging Face's rule; the result must be even.
+    """
     positive_int("head_dim", head_dim, even=PAIRS)
     factor = positive_float("partial_rotary_factor", partial_rotary_factor)
     if factor > 1.0:
         raise ValueError(
-            f"partial_rotary_factor must be in (0, 1] (the fraction of each head that rotates), got {factor}"
+            "partial_rotary_factor must be in (0, 1] (the fraction of each head that "
+            f"rotates), got {factor}"
         )
     rotated = int(head_dim * factor)
     if rotated < 2 or rotated % 2:
         raise ValueError(
-            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = {rotated} dimensions of each head: "
-            f"it must be an even number >= 2 ({PAIRS})"
+            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = "
+            f"{rotated} dimensions of each head: it must be an even number >= 2 "
+            f"({PAIRS})"
         )
     return rotated
 
@@ -60,14 +68,14 @@ def rope_frequencies(
     partial_rotary_factor: float = 1.0,
     **params,
 ) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies theta_i, i < rotated/2, and the attention factor, for a `rope_type`.
+    """Inverse frequencies theta_i (i < rotated/2) and attention factor of a rope_type.
 
     "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
     "dynamic", "yarn", "longrope" and "llama3" rescale it, and "proportional" (p-RoPE)
-    truncates it (posenc.qk.rope_scaling;
-    parameters named as in Hugging Face's RoPE configs). Returns `(inv_freq, attention_factor)`
-    like Hugging Face's RoPE init functions: inv_freq is float32 of length
-    rotated/2, attention_factor multiplies cos and sin.
+    truncates it (posenc.qk.rope_scaling; parameters named as in Hugging Face's RoPE
+    configs). Returns `(inv_freq, attention_factor)` like Hugging Face's RoPE init
+    functions: inv_freq is float32 of length rotated/2, attention_factor multiplies
+    cos and sin.
 
     `partial_rotary_factor` < 1 rotates only the first int(head_dim * factor) dimensions
     of each head (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): every schedule is
@@ -78,15 +86,16 @@ def rope_frequencies(
     `numerics="float64"` (the default) forms the frequencies in float64 and rounds once,
     so each is the float32 nearest the formula. `numerics="transformers"` forms them in
     float32 with transformers' operations, reproducing its `inv_freq` bit for bit: those
-    differ by 1-3 ulps, which at position 131071 moves an angle by up to about 3e-2 rad.
+    differ by up to one float32 ulp for power-of-two head widths, and by several where
+    2i/head_dim is itself rounded in float32 (up to 5 for head_dim 80 or 96 at bases
+    up to 1e6), which at position 131071 moves an angle by up to about 1e-2 rad.
     Use it to run a checkpoint trained with transformers exactly as it was trained.
     """
     choice("numerics", numerics, tuple(NUMERICS))
     positive_float("base", base, minimum=1.0)
     accepted = rope_parameters(rope_type)
-    if (
-        "partial_rotary_factor" in accepted
-    ):  # a schedule that reads the factor itself (proportional) pairs the whole head
+    if "partial_rotary_factor" in accepted:
+        # a schedule that reads the factor itself (proportional) pairs the whole head
         positive_int("head_dim", head_dim, even=PAIRS)
         rotated, params = (
             head_dim,
@@ -97,7 +106,8 @@ def rope_frequencies(
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise TypeError(
-            f"rope_type {rope_type!r} does not accept {unknown}; it takes {sorted(accepted) or 'no parameters'}"
+            f"rope_type {rope_type!r} does not accept {unknown}; it takes "
+            f"{sorted(accepted) or 'no parameters'}"
         )
     missing = sorted(
         name
@@ -115,28 +125,35 @@ def rope_frequencies(
 def rope_angles(
     positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Angles m * theta_i of shape positions.shape + (len(inv_freq),), formed in `dtype`.
+    """Angles m * theta_i, of shape positions.shape + (len(inv_freq),), formed in dtype.
 
-    apply_rope uses float32 (float64 for float64 inputs). Other dtypes are here to show
-    what goes wrong: bfloat16 holds 8 significant bits, so above 256 it cannot
+    apply_rope uses float32 (float64 for float64 inputs). Other dtypes are here to
+    show what goes wrong: bfloat16 holds 8 significant bits, so above 256 it cannot
     represent every integer (1000 is exact, 1001 is rounded to 1000).
     """
     p = as_positions("positions", positions, integer=False)
     if inv_freq.ndim != 1:
         raise ValueError(
-            f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}"
+            "inv_freq must be one-dimensional (head_dim / 2,), got shape "
+            f"{tuple(inv_freq.shape)}"
         )
     return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension (GPT-NeoX, Hugging Face Llama)."""
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension.
+
+    The rotate-half layout of GPT-NeoX and Hugging Face's Llama.
+    """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
-    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...) on adjacent pairs (RoFormer, GPT-J)."""
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...) on adjacent pairs.
+
+    The interleaved layout of RoFormer and GPT-J.
+    """
     pairs = x.unflatten(-1, (-1, 2))
     return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
@@ -148,20 +165,28 @@ def _check_x(x) -> None:
 
 
 def _broadcastable(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Positions shaped to broadcast against x.shape[:-1]; (batch, seq_len) for x (batch, heads, seq_len, d) gains the head axis."""
+    """Positions shaped to broadcast against x.shape[:-1].
+
+    (batch, seq_len) positions for x of shape (batch, heads, seq_len, d) gain the
+    head axis.
+    """
     if p.ndim == 2 and x.ndim == 4 and p.shape == (x.shape[0], x.shape[2]):
         p = p[:, None, :]
     try:
         torch.broadcast_shapes(p.shape, x.shape[:-1])
     except RuntimeError:
         raise ValueError(
-            f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = {tuple(x.shape[:-1])}"
+            f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = "
+            f"{tuple(x.shape[:-1])}"
         ) from None
     return p
 
 
 def _angle_dtype(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.dtype:
-    """float32, or float64 where x or the frequencies are float64: never below float32."""
+    """float32, or float64 where x or the frequencies are float64: never below float32.
+
+    The dtype in which angles are formed.
+    """
     return torch.promote_types(
         torch.float32, torch.promote_types(x.dtype, inv_freq.dtype)
     )
@@ -170,7 +195,9 @@ def _angle_dtype(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.dtype:
 def rope_cos_sin(
     positions, inv_freq: torch.Tensor, like: torch.Tensor, attention_factor: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles position * theta_i, (..., seq_len, head_dim/2), in `like`'s dtype and device.
+    """cos and sin of the angles position * theta_i, in `like`'s dtype and device.
+
+    Both are of shape (..., seq_len, head_dim/2).
 
     The angles and their cos and sin are formed in float32 (float64 for float64
     inputs) and only then cast, as Hugging Face does: in bfloat16 the rotation itself
@@ -185,7 +212,10 @@ def rope_cos_sin(
 
 
 def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two members of every rotated pair, as views: halves (i, i + d/2) or neighbours (2i, 2i + 1)."""
+    """The two members of every rotated pair, as views.
+
+    Halves (i, i + d/2) in the "half" layout, neighbours (2i, 2i + 1) in "interleaved".
+    """
     if layout == "half":
         return x.chunk(2, dim=-1)
     pairs = x.unflatten(-1, (-1, 2))
@@ -199,19 +229,22 @@ def rotate_pairs(
     layout: str = "half",
     rotated_part: str = "first",
 ) -> torch.Tensor:
-    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair, with cos and sin of shape (..., seq_len, rotated/2).
+    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair.
 
-    The first `rotated` = 2 * cos.shape[-1] dimensions of x are paired and rotated (all of
-    them unless the rotation is partial); the rest pass through, as in GPT-NeoX. With
+    cos and sin are of shape (..., seq_len, rotated/2). The first `rotated` =
+    2 * cos.shape[-1] dimensions of x are paired and rotated (all of them unless the
+    rotation is partial); the rest pass through, as in GPT-NeoX. With
     `rotated_part="last"` the last ones rotate instead: the [nope | rope] heads of
     DeepSeek's multi-head latent attention.
-    Each product is rounded before the sum, as in Hugging Face's `q * cos + rotate_half(q) * sin`,
-    so with the same cos and sin the result is bit-identical to it. Without gradients it is
-    written into one output tensor with a single half-size scratch buffer (no rotate_half
-    copy, no full-size temporaries); with gradients the same arithmetic runs out of place
-    (torch's out= records no graph), and so it does under torch.compile: the compiler fuses the
-    out-of-place form into one loop at a copy's speed, while the out= writes into views of one
-    buffer make it copy and scatter (on a CPU, 9 times slower; chapters/benchmark.ipynb).
+    Each product is rounded before the sum, as in Hugging Face's
+    `q * cos + rotate_half(q) * sin`, so with the same cos and sin the result is
+    bit-identical to it. Without gradients it is written into one output tensor with a
+    single half-size scratch buffer (no rotate_half copy, no full-size temporaries);
+    with gradients the same arithmetic runs out of place (torch's out= records no
+    graph), and so it does under torch.compile: the compiler fuses the out-of-place
+    form into one loop at a copy's speed, while the out= writes into views of one
+    buffer make it copy and scatter (on a CPU, 9 times slower;
+    chapters/benchmark.ipynb).
     """
     rotated = 2 * cos.shape[-1]
     if rotated < x.shape[-1]:
@@ -271,10 +304,11 @@ def apply_rope(
     (integers, or real numbers for interpolated positions). `layout="half"` pairs
     dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles and
     their cos and sin are formed in float32 (float64 for float64 inputs), then cast to
-    x's dtype, in which the rotation runs; cos and sin are multiplied by `attention_factor`.
-    With `partial_rotary_factor` < 1 only the first int(head_dim * factor) dimensions
-    rotate (paired within them, in either layout) and the rest pass through; inv_freq
-    then has half that length (rope_frequencies with the same factor).
+    x's dtype, in which the rotation runs; cos and sin are multiplied by
+    `attention_factor`. With `partial_rotary_factor` < 1 only the first
+    int(head_dim * factor) dimensions rotate (paired within them, in either layout)
+    and the rest pass through; inv_freq then has half that length (rope_frequencies
+    with the same factor).
     `rotated_part="last"` rotates the last int(head_dim * factor) dimensions instead.
     """
     _check_x(x)
@@ -290,7 +324,8 @@ def apply_rope(
             "inv_freq",
             inv_freq,
             rotated // 2,
-            f"partial_rotary_factor={partial_rotary_factor} of head_dim {x.shape[-1]} (rotating {rotated})",
+            f"partial_rotary_factor={partial_rotary_factor} of head_dim {x.shape[-1]} "
+            f"(rotating {rotated})",
         )
     positive_float("attention_factor", attention_factor)
     p = _broadcastable(as_positions("positions", positions, integer=False), x)
@@ -301,9 +336,10 @@ def apply_rope(
 def rope_rotation_matrix(
     position: float, inv_freq: torch.Tensor, layout: str = "half"
 ) -> torch.Tensor:
-    """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T, in float64.
+    """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T.
 
-    Block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
+    In float64.
+    It is block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
     same blocks on dimensions (i, i + head_dim/2) in the half layout.
     """
     choice("layout", layout, LAYOUTS)
@@ -320,10 +356,12 @@ def rope_rotation_matrix(
 def apply_rope_complex(
     x: torch.Tensor, positions, inv_freq: torch.Tensor
 ) -> torch.Tensor:
-    """RoPE in the complex form: adjacent pairs (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^{i m theta_i}.
+    """RoPE in the complex form: each pair of neighbours as one complex number.
 
-    This is the interleaved layout, written as Meta's original LLaMA code
-    writes it; it must agree with apply_rope(..., layout="interleaved").
+    Pair j, (x_2j, x_2j+1), becomes z_j = x_2j + 1j * x_2j+1 (1j the imaginary unit)
+    and is multiplied by exp(1j * m * theta_j). This is the interleaved layout,
+    written as Meta's original LLaMA code writes it; it must agree with
+    apply_rope(..., layout="interleaved").
     """
     angles = rope_angles(
         as_positions("positions", positions, integer=False), inv_freq, torch.float64
@@ -336,15 +374,28 @@ def apply_rope_complex(
     )
 
 
-def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
-    """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, 5, ...).
+def interleaved_to_half_permutation(
+    head_dim: int, partial_rotary_factor: float = 1.0, rotated_part: str = "first"
+) -> torch.Tensor:
+    """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, ...).
 
     Permuting the rows of each head's Q and K projections by `perm` turns a
     model trained with interleaved pairs into one with identical attention
     under the rotate-half layout (what Hugging Face's Llama conversion script does).
+    With `partial_rotary_factor` < 1 only the rotated dimensions are paired, so the
+    permutation acts inside them (the first int(head_dim * factor), or the last ones
+    with `rotated_part="last"`) and leaves the others where they are: GPT-J's
+    checkpoints (head_dim 256, 64 rotated) need
+    `interleaved_to_half_permutation(256, 0.25)`, not the permutation of the whole
+    head.
     """
-    positive_int("head_dim", head_dim, even=PAIRS)
-    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+    choice("rotated_part", rotated_part, ROTATED_PARTS)
+    rotated = rotary_dim(head_dim, partial_rotary_factor)
+    inside = torch.cat((torch.arange(0, rotated, 2), torch.arange(1, rotated, 2)))
+    kept = torch.arange(head_dim - rotated)
+    if rotated_part == "last":
+        return torch.cat((kept, head_dim - rotated + inside))
+    return torch.cat((inside, rotated + kept))
 
 
 def apply_rope_angles(
@@ -353,8 +404,9 @@ def apply_rope_angles(
     layout: str = "half",
     attention_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Rotate each pair of dimensions of x by given angles (..., seq_len, head_dim/2): the second half of apply_rope.
+    """Rotate each pair of dimensions of x by given angles (apply_rope's second half).
 
+    angles are of shape (..., seq_len, head_dim/2).
     Use it with angles formed elsewhere, for example in a low precision to measure
     what that costs. cos and sin are taken in the angles' dtype (at least float32),
     then cast to x's dtype, as apply_rope does.
@@ -362,7 +414,8 @@ def apply_rope_angles(
     _check_x(x)
     if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
         raise TypeError(
-            "angles must be a floating-point tensor of shape (..., seq_len, head_dim / 2)"
+            "angles must be a floating-point tensor of shape "
+            "(..., seq_len, head_dim / 2)"
         )
     choice("layout", layout, LAYOUTS)
     same_last_dim(
@@ -377,18 +430,20 @@ def apply_rope_angles(
 
 
 def rope_decay_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoFormer's relative upper bound (1 / (d/2)) * sum_{j=1}^{d/2} |S_j| at each relative distance r, in float64.
+    """RoFormer's relative upper bound (1 / (d/2)) sum_{j=1}^{d/2} |S_j| at distance r.
 
-    S_j = sum_{k<j} exp(i r theta_k). By Abel summation the RoPE logit of a query
-    and a key r positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|,
-    where h_j is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
+    In float64. S_j = sum_{l<j} exp(1j * r * theta_l), pairs indexed by j and l (1j the
+    imaginary unit). By Abel summation the RoPE logit of a query and a key r
+    positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|, where h_j
+    is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
     """
     r = as_positions("distances", distances, integer=False).to(
         device=inv_freq.device, dtype=torch.float64
     )
     if inv_freq.ndim != 1:
         raise ValueError(
-            f"inv_freq must be one-dimensional (head_dim / 2,), got shape {tuple(inv_freq.shape)}"
+            "inv_freq must be one-dimensional (head_dim / 2,), got shape "
+            f"{tuple(inv_freq.shape)}"
         )
     phases = r[..., None] * inv_freq.to(torch.float64)
     partial_sums = torch.polar(torch.ones_like(phases), phases).cumsum(dim=-1)
@@ -403,8 +458,8 @@ class Rope(Scheme):
     `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit;
     `partial_rotary_factor` < 1 rotates only part of each head: the first dimensions, or
     with `rotated_part="last"` the last ones (DeepSeek's MLA heads, [nope | rope]).
-    For positions 0..L-1 (what posenc.attention passes in the default layout) cos and sin
-    come from a table kept per (length, device, dtype).
+    For positions 0..L-1 (what posenc.attention passes in the default layout) cos and
+    sin come from a table kept per (length, device, dtype).
     """
 
     name = "rope"
@@ -437,19 +492,26 @@ class Rope(Scheme):
 
     @property
     def follows_length(self) -> bool:
-        """Dynamic NTK and LongRoPE without a fixed seq_len: the frequencies follow the largest position seen in each call."""
+        """Dynamic NTK and LongRoPE without a fixed seq_len.
+
+        Their frequencies follow the largest position seen in each call.
+        """
         return (
             self.rope_type in ("dynamic", "longrope")
             and "seq_len" not in self.rope_params
         )
 
     def frequencies_for(self, positions) -> torch.Tensor:
-        """The inverse frequencies used for these positions (they depend on them only for dynamic NTK and LongRoPE)."""
+        """The inverse frequencies used for these positions.
+
+        They depend on the positions only for dynamic NTK and LongRoPE.
+        """
         if not self.follows_length:
             return self.inv_freq
         p = as_positions("positions", positions, integer=False)
-        # the length seen so far; an empty chunk or positions below 0 (left padding) are a length of 1, which grows
-        # nothing and keeps LongRoPE's short factors, as in Hugging Face
+        # the length seen so far; an empty chunk or positions below 0 (left padding)
+        # are a length of 1, which grows nothing and keeps LongRoPE's short factors,
+        # as in Hugging Face
         seq_len = max(int(p.max()) + 1, 1) if p.numel() else 1
         inv_freq, _ = rope_frequencies(
             self.head_dim,
@@ -464,11 +526,12 @@ class Rope(Scheme):
     def cos_sin(
         self, positions, like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for these positions in like's dtype: sliced from a cached table when positions is a range.
+        """cos and sin for these positions in like's dtype.
 
-        Frequencies that do not follow the length share one table per power of two, so
-        decoding token by token builds a new one only when the length doubles (each entry
-        is formed elementwise: a slice of a longer table is bit-identical). Dynamic NTK and
+        They are sliced from a cached table when positions is a range. Frequencies that
+        do not follow the length share one table per power of two, so decoding token by
+        token builds a new one only when the length doubles (each entry is formed
+        elementwise: a slice of a longer table is bit-identical). Dynamic NTK and
         LongRoPE take the frequencies of the range's length, one table per length.
         """
         same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
@@ -513,4 +576,7 @@ class Rope(Scheme):
             if self.rotated_part == "first"
             else f", rotated_part={self.rotated_part!r}"
         )
-        return f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, rope_type={self.rope_type!r}{params}{numerics}{part}"
+        return (
+            f"head_dim={self.head_dim}, base={self.base:g}, layout={self.layout!r}, "
+            f"rope_type={self.rope_type!r}{params}{numerics}{part}"
+        )

@@ -1,8 +1,9 @@
-"""xPos (Sun et al., 2022): RoPE whose rotation also scales, queries up and keys down, so logits decay with distance.
+"""xPos (Sun et al., 2022): RoPE whose rotation also scales, so logits decay.
 
-Pair i of a query at position m is rotated by m theta_i and multiplied by
-zeta_i^(m / scale_base); pair i of a key at position n is rotated by n theta_i and
-multiplied by zeta_i^(-n / scale_base), with zeta_i = (2i / d + gamma) / (1 + gamma) < 1.
+Queries are scaled up and keys down. Pair i of a query at position m is rotated by
+m theta_i and multiplied by zeta_i^(m / scale_base); pair i of a key at position n is
+rotated by n theta_i and multiplied by zeta_i^(-n / scale_base), with
+zeta_i = (2i / d + gamma) / (1 + gamma) < 1.
 In their dot product the factors meet as zeta_i^((m - n) / scale_base): the logit still
 depends on m - n only (RoPE's relative property), and for a query after its key
 (m > n, a causal decoder) every pair is damped more the farther apart they are,
@@ -36,7 +37,10 @@ from .rope import (
 
 
 def xpos_zeta(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
-    """zeta_i = (2i / head_dim + gamma) / (1 + gamma) for i < head_dim / 2, in float64: torchscale's (2i + 0.4 d) / (1.4 d)."""
+    """zeta_i = (2i / head_dim + gamma) / (1 + gamma) for i < head_dim / 2, in float64.
+
+    With gamma = 0.4 this is torchscale's (2i + 0.4 d) / (1.4 d).
+    """
     positive_int("head_dim", head_dim, even=PAIRS)
     gamma = positive_float("gamma", gamma)
     return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + gamma) / (
@@ -46,7 +50,9 @@ def xpos_zeta(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
 
 @register
 class XPos(Scheme):
-    """xPos as a query/key scheme: RoPE rotation times zeta^(position / scale_base), inverted for keys.
+    """xPos as a query/key scheme: RoPE times zeta^(position / scale_base).
+
+    The scale is inverted for keys.
 
     Only a query after its key is damped (m > n); for a key after its query the same
     factor grows, so xPos is meant for causal attention, as in the paper. The scales
@@ -79,23 +85,26 @@ class XPos(Scheme):
 
     def _check_range(self, p: torch.Tensor, dtype: torch.dtype) -> None:
         info = torch.finfo(dtype)
-        limit = (
-            min(math.log(info.max), -math.log(info.tiny)) - 2.0
-        )  # headroom for the products that follow
+        # 2.0: headroom for the products that follow
+        limit = min(math.log(info.max), -math.log(info.tiny)) - 2.0
         largest = float(p.abs().max()) if p.numel() else 0.0
         steepest = -float(self.log_zeta[0])
         if largest * steepest / self.scale_base > limit:
             allowed = int(limit * self.scale_base / steepest)
             raise ValueError(
-                f"positions up to {largest:g} are too far from 0 for xPos in {dtype}: zeta_0^(n / scale_base) leaves its range "
-                f"past |n| = {allowed}; shift q and k positions by the same offset (the logits depend only on their difference) "
-                f"or use a larger scale_base"
+                f"positions up to {largest:g} are too far from 0 for xPos in {dtype}: "
+                f"zeta_0^(n / scale_base) leaves its range past |n| = {allowed}; "
+                "shift q and k positions by the same offset (the logits depend only "
+                "on their difference) or use a larger scale_base"
             )
 
     def scaled_cos_sin(
         self, positions, like: torch.Tensor, sign: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the RoPE angles times zeta^(sign * position / scale_base), in like's dtype."""
+        """cos and sin of the RoPE angles times zeta^(sign * position / scale_base).
+
+        In like's dtype.
+        """
         same_last_dim("x", like, self.head_dim, f"XPos(head_dim={self.head_dim})")
         p = (
             torch.arange(positions.start, positions.stop)
@@ -104,9 +113,8 @@ class XPos(Scheme):
         )
         p = _broadcastable(p.to(like.device), like)
         dtype = _angle_dtype(like, self.inv_freq)
-        self._check_range(
-            p, like.dtype
-        )  # the scales end in like.dtype, the narrowest range on the way
+        # the scales end in like.dtype, the narrowest range on the way
+        self._check_range(p, like.dtype)
         angles = rope_angles(p, self.inv_freq.to(like.device), dtype)
         scale = torch.exp(
             sign
@@ -129,4 +137,8 @@ class XPos(Scheme):
         return rotate_pairs(x, *self.scaled_cos_sin(positions, x, -1.0), self.layout)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base:g}, scale_base={self.scale_base:g}, gamma={self.gamma:g}, layout={self.layout!r}"
+        return (
+            f"head_dim={self.head_dim}, base={self.base:g}, "
+            f"scale_base={self.scale_base:g}, gamma={self.gamma:g}, "
+            f"layout={self.layout!r}"
+        )
