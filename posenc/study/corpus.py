@@ -1,12 +1,12 @@
 """Real text with no download: the Python standard library's own .py sources, as bytes.
 
 Every .py file of the running interpreter's standard library (site-packages, caches and
-generated text excepted: `generated`) is read in sorted order and goes to train or validation as a
-whole (a hash of its relative path decides), so no file straddles the split and
-the split does not depend on which other files exist. `composition` says what the
-text is (bytes per top-level package and split). The size and a SHA-256 of the
-content identify the corpus in every result: another Python version has another
-standard library, hence another hash.
+generated text excepted: `generated`) is read in sorted order and goes to train or
+validation as a whole (a hash of its relative path decides), so no file straddles the
+split and the split does not depend on which other files exist. `composition` says what
+the text is (bytes per top-level package and split). The size and a SHA-256 of the
+content identify the corpus in every result: another Python version has another standard
+library, hence another hash.
 """
 
 from __future__ import annotations
@@ -48,15 +48,19 @@ class Corpus:
         }
 
 
-# generated text, not code: pydoc's topic help (750 kB of English prose in one dict) would be a quarter of validation
+# generated text, not code: pydoc's topic help (750 kB of English prose in one dict)
+# would be a quarter of validation
 GENERATED = frozenset({"pydoc_data/topics.py"})
-# generated tables: the character-mapping codecs of `encodings` (about 70 files, 1.2 MB) are one template filled with
+# generated tables: the character-mapping codecs of `encodings` (about 70 files, 1.2 MB)
+# are one template filled with
 # 256-entry tables, so a validation codec is a near-copy of the training ones
 CODEC_TABLE = b"Python Character Mapping Codec"
 
 
 def generated(path: Path, relative_path: str) -> bool:
-    """Generated text left out of the corpus: a GENERATED path, or a character-mapping codec table (by its docstring)."""
+    """Generated text left out of the corpus: a GENERATED path, or a character-mapping
+    codec table (by its docstring).
+    """
     if relative_path in GENERATED:
         return True
     with path.open("rb") as f:
@@ -64,7 +68,9 @@ def generated(path: Path, relative_path: str) -> bool:
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
-    """Every .py file of the standard library (not site-packages, not caches, not `generated`), sorted by relative path."""
+    """Every .py file of the standard library (not site-packages, not caches, not
+    `generated`), sorted by relative path.
+    """
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
     if not root.is_dir():
         raise ValueError(f"root must be a directory of Python sources, got {root}")
@@ -86,13 +92,17 @@ def in_validation(relative_path: str, valid_percent: int) -> bool:
 
 
 def top_level(relative_path: str) -> str:
-    """The top-level package of a file ("json/decoder.py" -> "json"), or the module itself ("os.py" -> "os")."""
+    """The top-level package of a file ("json/decoder.py" -> "json"), or the module
+    itself ("os.py" -> "os").
+    """
     first = relative_path.split("/", 1)[0]
     return first.removesuffix(".py")
 
 
 def composition(root: Path | None = None, valid_percent: int = 10) -> list[dict]:
-    """Bytes and files per top-level package and split, largest first: what the corpus is made of."""
+    """Bytes and files per top-level package and split, largest first: what the corpus
+    is made of.
+    """
     root = Path(sysconfig.get_paths()["stdlib"]) if root is None else Path(root)
     table: dict[str, dict] = {}
     for path in stdlib_files(root):
@@ -119,7 +129,9 @@ def composition(root: Path | None = None, valid_percent: int = 10) -> list[dict]
 def load_corpus(
     max_bytes: int | None = None, valid_percent: int = 10, root: Path | None = None
 ) -> Corpus:
-    """Read every file in order (or until `max_bytes` of text, for quick tests), split by file; each file ends with a newline."""
+    """Read every file in order (or until `max_bytes` of text, for quick tests), split
+    by file; each file ends with a newline.
+    """
     if max_bytes is not None:
         positive_int("max_bytes", max_bytes)
     if not 0 < positive_int("valid_percent", valid_percent) < 100:
@@ -137,7 +149,8 @@ def load_corpus(
             break
     if not parts[False] or not parts[True]:
         raise ValueError(
-            f"the corpus under {root} is too small to split (train {len(parts[False])} files, validation {len(parts[True])})"
+            f"the corpus under {root} is too small to split (train "
+            f"{len(parts[False])} files, validation {len(parts[True])})"
         )
 
     def as_tensor(chunks: list[bytes]) -> torch.Tensor:
@@ -156,7 +169,9 @@ def load_corpus(
 def sample_windows(
     data: torch.Tensor, length: int, batch_size: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random (inputs, targets) windows of `length` bytes, targets shifted by one, as int64."""
+    """Random (inputs, targets) windows of `length` bytes, targets shifted by one, as
+    int64.
+    """
     positive_int("length", length)
     positive_int("batch_size", batch_size)
     if len(data) <= length + 1:

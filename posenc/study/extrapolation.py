@@ -1,30 +1,34 @@
-"""Train short, test long: every scheme in one controlled study (same model, data, token budget, seeds).
+"""Train short, test long: every scheme in one controlled study (same model, data, token
+budget, seeds).
 
-    python -m posenc.study.extrapolation --preset cpu      # the committed results: 2 runs side by side on 2 cores, about two hours
-    python -m posenc.study.extrapolation --preset colab    # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes on a T4, estimated)
-    python -m posenc.study.extrapolation --preset gpu      # a larger model on one GPU
-    torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu   # the same under DistributedDataParallel
+# the committed results: 2 runs side by side on 2 cores, about two hours python -m
+posenc.study.extrapolation --preset cpu python -m posenc.study.extrapolation --preset
+colab # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes on
+a T4, estimated) python -m posenc.study.extrapolation --preset gpu # a larger model on
+one GPU # the same under DistributedDataParallel torchrun --nproc_per_node 2 -m
+posenc.study.extrapolation --preset gpu
 
-Every scheme trains at length L on the bytes of the standard library (posenc.study.corpus),
-with the passkey task of posenc.study.passkey mixed into every step (the skill is learned at
-L). Each model is evaluated on the validation split at L, 2L, 4L and 8L with two protocols
-that score the same target bytes at every length (posenc.study.evaluate: `matched` and
-`sliding`), and on passkey retrieval at every length and depth. The model trained with plain
-RoPE is then extended to 4L by fine-tuning on language-model data only (no passkey), with
-position interpolation, NTK-aware scaling, YaRN, and plain RoPE as the control, the same steps
-each; a YaRN at factor 8, fine-tuned at 4L, tests extension beyond the fine-tuning length, and
-the same text-only fine-tune at L (no rescaling) shows what the fine-tune alone does. Each
+Every scheme trains at length L on the bytes of the standard library
+(posenc.study.corpus), with the passkey task of posenc.study.passkey mixed into every
+step (the skill is learned at L). Each model is evaluated on the validation split at L,
+2L, 4L and 8L with two protocols that score the same target bytes at every length
+(posenc.study.evaluate: `matched` and `sliding`), and on passkey retrieval at every
+length and depth. The model trained with plain RoPE is then extended to 4L by
+fine-tuning on language-model data only (no passkey), with position interpolation,
+NTK-aware scaling, YaRN, and plain RoPE as the control, the same steps each; a YaRN at
+factor 8, fine-tuned at 4L, tests extension beyond the fine-tuning length, and the same
+text-only fine-tune at L (no rescaling) shows what the fine-tune alone does. Each
 trained model also records where its heads attend (`attention_profile`), and a preset's
-variations (`Variation`: 8 heads, another learning rate) train more models that change one
-thing. The byte n-gram baselines are scored on exactly the target bytes of each protocol.
-Results go to a tidy CSV (a row per measured number), a CSV of per-sequence values (for the
-bootstrap of posenc.study.summary) and a JSON of metadata, in posenc.study.results.results_dir()
-unless --out says otherwise; finished runs are skipped when the study is run again (pass --fresh
-to start over).
+variations (`Variation`: 8 heads, another learning rate) train more models that change
+one thing. The byte n-gram baselines are scored on exactly the target bytes of each
+protocol. Results go to a tidy CSV (a row per measured number), a CSV of per-sequence
+values (for the bootstrap of posenc.study.summary) and a JSON of metadata, in
+posenc.study.results.results_dir() unless --out says otherwise; finished runs are
+skipped when the study is run again (pass --fresh to start over).
 
 The presets are in posenc.study.extrapolation_presets, one run (training, evaluation) in
-posenc.study.extrapolation_runs; this module runs a study, writes its files, checks a stored run
-and is the command line. Their public names are importable from here as well.
+posenc.study.extrapolation_runs; this module runs a study, writes its files, checks a
+stored run and is the command line. Their public names are importable from here as well.
 """
 
 from __future__ import annotations
@@ -77,13 +81,39 @@ from .results import results_dir
 from .runinfo import git_state, load_average, run_metadata
 
 __all__ = [
-    "COLUMNS", "CONTROL_AT_L", "PRESETS", "SCHEMES", "SEQUENCE_COLUMNS", "STEP_COSTS", "Evaluation", "Preset", "StepCost", "Variation",
-    "World", "attention_profile", "build_model", "check", "estimate", "finished_runs", "join_world", "lm_batch", "main",
-    "rescalings", "result_paths", "run", "run_counts", "scheme_table", "study", "tiny", "train_model", "with_rope",
-]  # fmt: skip
+    "COLUMNS",
+    "CONTROL_AT_L",
+    "PRESETS",
+    "SCHEMES",
+    "SEQUENCE_COLUMNS",
+    "STEP_COSTS",
+    "Evaluation",
+    "Preset",
+    "StepCost",
+    "Variation",
+    "World",
+    "attention_profile",
+    "build_model",
+    "check",
+    "estimate",
+    "finished_runs",
+    "join_world",
+    "lm_batch",
+    "main",
+    "rescalings",
+    "result_paths",
+    "run",
+    "run_counts",
+    "scheme_table",
+    "study",
+    "tiny",
+    "train_model",
+    "with_rope",
+]
 
 
-# --- the study: runs, resume, files ---------------------------------------------------------------
+# --- the study: runs, resume, files
+# ---------------------------------------------------------------
 
 
 def result_paths(preset_name: str, out_dir: Path) -> tuple[Path, Path, Path]:
@@ -137,7 +167,9 @@ _WORKER: dict = {}
 
 
 def _start_worker(preset: Preset) -> None:
-    """A process of the pool: its threads, the corpus and the evaluation sequences, once."""
+    """A process of the pool: its threads, the corpus and the evaluation sequences,
+    once.
+    """
     if preset.threads:
         torch.set_num_threads(preset.threads)
     corpus = load_corpus(preset.corpus_bytes)
@@ -159,13 +191,15 @@ def _run_in_worker(
 def study(
     preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False
 ) -> tuple[Path, Path, Path]:
-    """Run every (scheme, seed) not already in the results file; write the CSVs and the metadata JSON.
+    """Run every (scheme, seed) not already in the results file; write the CSVs and the
+    metadata JSON.
 
-    `labels` defaults to the preset's schemes (all of them where it names none); the runs are
-    theirs and those of the preset's variations on them (`Preset.runs`). Under torchrun
-    every process trains and evaluates its share; the first one writes the files.
-    Otherwise `preset.jobs` processes train whole runs side by side (each run's numbers are the
-    same as alone: a run depends on its preset and seed only, at a fixed thread count).
+    `labels` defaults to the preset's schemes (all of them where it names none); the
+    runs are theirs and those of the preset's variations on them (`Preset.runs`). Under
+    torchrun every process trains and evaluates its share; the first one writes the
+    files. Otherwise `preset.jobs` processes train whole runs side by side (each run's
+    numbers are the same as alone: a run depends on its preset and seed only, at a fixed
+    thread count).
     """
     world, device = join_world(preset.device)
     csv_path, seq_path, json_path = result_paths(preset.name, Path(out_dir))
@@ -185,7 +219,8 @@ def study(
             for path in (csv_path, seq_path, json_path):
                 path.unlink(missing_ok=True)
         done = finished_runs(csv_path)
-        # plain RoPE first: its context extensions are the longest runs, and the first to look at
+        # plain RoPE first: its context extensions are the longest runs, and the first
+        # to look at
         runs = [
             (name, seed)
             for name, seed in preset.runs
@@ -208,7 +243,8 @@ def study(
             baselines = ngram_baselines(corpus.train, corpus.valid)
             meta["ngram_baselines"] = {k: v["loss"] for k, v in baselines.items()}
             meta["ngram_add_k"] = {k: v["k"] for k, v in baselines.items()}
-            # the same bytes the models are scored on: per sequence of each protocol, paired with the models' own
+            # the same bytes the models are scored on: per sequence of each protocol,
+            # paired with the models' own
             targets = Evaluation(corpus, preset, World()).targets
             per_byte = {
                 k: byte_losses(corpus.train, corpus.valid, n, meta["ngram_add_k"][k])
@@ -285,9 +321,11 @@ def study(
 
 
 def check(preset: Preset, out_dir: Path, label: str, seed: int) -> dict:
-    """Re-run one stored (scheme, seed) and compare its rows with the stored ones, as the CSV writes them (bit for bit).
+    """Re-run one stored (scheme, seed) and compare its rows with the stored ones, as
+    the CSV writes them (bit for bit).
 
-    The outcome is appended to the metadata JSON under "reproduction_checks" and returned.
+    The outcome is appended to the metadata JSON under "reproduction_checks" and
+    returned.
     """
     csv_path, _, json_path = result_paths(preset.name, Path(out_dir))
     with csv_path.open() as f:
@@ -339,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out",
         type=Path,
         default=results_dir(),
-        help="folder for the results (default: posenc.study.results.results_dir(), here %(default)s)",
+        help="folder for the results (default: posenc.study.results.results_dir(), "
+        "here %(default)s)",
     )
     parser.add_argument(
         "--schemes",
@@ -365,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tiny",
         action="store_true",
-        help="the preset at the smoke preset's sizes, named PRESET_tiny: seconds, to try its code path",
+        help="the preset at the smoke preset's sizes, named PRESET_tiny: seconds, "
+        "to try its code path",
     )
     args = parser.parse_args(argv)
     preset = tiny(PRESETS[args.preset]) if args.tiny else PRESETS[args.preset]
@@ -376,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         preset = replace(preset, jobs=args.jobs)
     if preset.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(
-            f"preset {preset.name!r} runs on {preset.device}, but no GPU is available (try --preset cpu)"
+            f"preset {preset.name!r} runs on {preset.device}, but no GPU is available "
+            "(try --preset cpu)"
         )
     if args.check:
         label, _, seed = args.check.partition("/")

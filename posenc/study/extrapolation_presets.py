@@ -1,11 +1,13 @@
-"""The extrapolation study's presets, its schemes and context extensions, and the time a preset will take on a GPU.
+"""The extrapolation study's presets, its schemes and context extensions, and the time a
+preset will take on a GPU.
 
-A `Preset` fixes everything that decides a number (model, data, steps, evaluation, seeds)
-except the device; `scheme_table` and `rescalings` name the runs. `estimate` counts a
-preset's optimizer steps and evaluations and turns them into seconds under a stated
-`StepCost` (an assumption, never a measurement); given the metadata of the stored `cpu` run
-it also sets the same runs' recorded CPU seconds beside the estimate. `tiny` shrinks a preset
-to the smoke preset's sizes for the tests and the chapter's emulated GPU.
+A `Preset` fixes everything that decides a number (model, data, steps, evaluation,
+seeds) except the device; `scheme_table` and `rescalings` name the runs. `estimate`
+counts a preset's optimizer steps and evaluations and turns them into seconds under a
+stated `StepCost` (an assumption, never a measurement); given the metadata of the stored
+`cpu` run it also sets the same runs' recorded CPU seconds beside the estimate. `tiny`
+shrinks a preset to the smoke preset's sizes for the tests and the chapter's emulated
+GPU.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ SCHEMES = (
 
 @dataclass(frozen=True)
 class Variation:
-    """A run set that changes one thing of its preset (the head count, the learning rate) for some schemes and seeds.
+    """A run set that changes one thing of its preset (the head count, the learning
+    rate) for some schemes and seeds.
 
-    Its runs are named "scheme:name" and train and evaluate like the preset's own (plain RoPE
-    without its context extensions); their rows carry the variation's name as their variant.
+    Its runs are named "scheme:name" and train and evaluate like the preset's own (plain
+    RoPE without its context extensions); their rows carry the variation's name as their
+    variant.
     """
 
     name: str
@@ -45,11 +49,13 @@ class Variation:
         unknown = sorted(set(self.schemes) - set(SCHEMES))
         if unknown or not self.schemes:
             raise ValueError(
-                f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, got {list(self.schemes)}"
+                f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, "
+                f"got {list(self.schemes)}"
             )
         if not self.name.isidentifier() or (self.num_heads, self.lr) == (None, None):
             raise ValueError(
-                f"a variation needs an identifier as its name and num_heads or lr to change, got {self!r}"
+                "a variation needs an identifier as its name and num_heads or lr to "
+                f"change, got {self!r}"
             )
 
 
@@ -81,7 +87,9 @@ class Preset:
     sliding_stride_divisor: int = 2  # the window slides by L / divisor
     corpus_bytes: int | None = None  # None: the whole standard library
     threads: int | None = None  # torch threads of each process
-    jobs: int = 1  # runs trained side by side in separate processes (one process, one run: the numbers do not depend on it)
+    # runs trained side by side in separate processes (one process, one run: the numbers
+    # do not depend on it)
+    jobs: int = 1
     device: str = "cpu"
     schemes: tuple[str, ...] | None = (
         None  # the schemes a study trains; None: all of SCHEMES
@@ -110,17 +118,21 @@ class Preset:
         ):  # one name, one change: a name may come back with more schemes or seeds
             if changes.setdefault(v.name, (v.num_heads, v.lr)) != (v.num_heads, v.lr):
                 raise ValueError(
-                    f"variations named {v.name!r} change different things: {changes[v.name]} and {(v.num_heads, v.lr)}"
+                    f"variations named {v.name!r} change different things: "
+                    f"{changes[v.name]} and {(v.num_heads, v.lr)}"
                 )
         runs = self.runs
         if len(set(runs)) < len(runs):
             raise ValueError(
-                f"a (run, seed) is listed twice in the variations of preset {self.name!r}"
+                "a (run, seed) is listed twice in the variations of preset "
+                f"{self.name!r}"
             )
 
     @property
     def runs(self) -> list[tuple[str, int]]:
-        """Every (run, seed) of a study: the schemes with the preset's seeds, then each variation's "scheme:name" runs."""
+        """Every (run, seed) of a study: the schemes with the preset's seeds, then each
+        variation's "scheme:name" runs.
+        """
         own = [(label, seed) for label in self.labels for seed in self.seeds]
         return own + [
             (f"{label}:{v.name}", seed)
@@ -130,18 +142,22 @@ class Preset:
         ]
 
     def for_run(self, run: str) -> tuple[str, str, Preset]:
-        """(scheme label, variant, preset) of a run name: the variant is "trained" for the preset's own runs."""
+        """(scheme label, variant, preset) of a run name: the variant is "trained" for
+        the preset's own runs.
+        """
         label, _, name = run.partition(":")
         if label not in SCHEMES:
             raise ValueError(
-                f"unknown scheme {label!r} in run {run!r}; choose from {sorted(SCHEMES)}"
+                f"unknown scheme {label!r} in run {run!r}; choose from "
+                f"{sorted(SCHEMES)}"
             )
         if not name:
             return label, "trained", self
         variation = next((v for v in self.variations if v.name == name), None)
         if variation is None:
             raise ValueError(
-                f"unknown variation {name!r} in run {run!r}; this preset has {[v.name for v in self.variations]}"
+                f"unknown variation {name!r} in run {run!r}; this preset has "
+                f"{[v.name for v in self.variations]}"
             )
         changes = {
             k: getattr(variation, k)
@@ -160,7 +176,7 @@ class Preset:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        """The schemes a study of this preset trains, in the order of the scheme table."""
+        """The schemes a study of this preset trains, in the scheme table's order."""
         return tuple(s for s in SCHEMES if self.schemes is None or s in self.schemes)
 
 
@@ -185,10 +201,12 @@ _CPU = Preset(
     threads=1,
     jobs=2,
     variations=(
-        # what the results owe to two heads: 8 heads of 8, the same width and weights (ALiBi's slopes 1/2 ... 1/256)
+        # what the results owe to two heads: 8 heads of 8, the same width and weights
+        # (ALiBi's slopes 1/2 ... 1/256)
         Variation("heads8", SCHEMES, (0,), num_heads=8),
         Variation("heads8", ("t5", "alibi"), (1, 2), num_heads=8),
-        # does the ranking hinge on the learning rate? half and twice the peak, two schemes that rank apart past L
+        # does the ranking hinge on the learning rate? half and twice the peak, two
+        # schemes that rank apart past L
         Variation("lr_half", ("rope", "alibi"), (0,), lr=5e-3),
         Variation("lr_double", ("rope", "alibi"), (0,), lr=2e-2),
     ),
@@ -217,10 +235,13 @@ PRESETS = {
         corpus_bytes=1_000_000,
         threads=1,
     ),
-    # the committed results: this 2-core machine, two runs side by side on one thread each, about two hours (126 minutes for the stored run)
+    # the committed results: this 2-core machine, two runs side by side on one thread
+    # each, about two hours (126 minutes for the stored run)
     "cpu": _CPU,
-    # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation, six schemes, seed 0; about 7 minutes
-    # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU), plotted beside the stored cpu run
+    # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation,
+    # six schemes, seed 0; about 7 minutes
+    # on a T4 by `estimate` under the T4 StepCost (an assumption: not yet run on a GPU),
+    # plotted beside the stored cpu run
     "colab": replace(
         _CPU,
         name="colab",
@@ -231,7 +252,8 @@ PRESETS = {
         schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope"),
         variations=(),
     ),
-    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
+    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32),
+    # 3.3 M parameters, L = 256
     "gpu": Preset(
         "gpu",
         dim=256,
@@ -256,7 +278,9 @@ PRESETS = {
 
 
 def tiny(preset: Preset) -> Preset:
-    """`preset` at the smoke preset's sizes (seconds on a CPU), with its device, schemes and first seed: tests and emulated GPUs."""
+    """`preset` at the smoke preset's sizes (seconds on a CPU), with its device, schemes
+    and first seed: tests and emulated GPUs.
+    """
     return replace(
         PRESETS["smoke"],
         name=f"{preset.name}_tiny",
@@ -284,11 +308,15 @@ def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
     }
 
 
-CONTROL_AT_L = "rope_at_L"  # plain RoPE fine-tuned like the extensions but at L: what the fine-tune alone does to the model
+# plain RoPE fine-tuned like the extensions but at L: what the fine-tune alone does to
+# the model
+CONTROL_AT_L = "rope_at_L"
 
 
 def rescalings(preset: Preset) -> dict[str, dict]:
-    """Label -> Rope arguments of the context extensions of the model trained with plain RoPE ("rope": the control)."""
+    """Label -> Rope arguments of the context extensions of the model trained with plain
+    RoPE ("rope": the control).
+    """
     s, beyond, original = (
         float(preset.finetune_factor),
         float(preset.beyond_factor),
@@ -311,36 +339,50 @@ def rescalings(preset: Preset) -> dict[str, dict]:
     }
 
 
-# --- how long a preset takes ------------------------------------------------------------------------
+# --- how long a preset takes
+# ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """Assumed seconds of a training step, of one evaluation of a model, and of what a study does once (not measurements)."""
+    """Assumed seconds of a training step, of one evaluation of a model, and of what a
+    study does once (not measurements).
+    """
 
     name: str
-    step_s: float  # one optimizer step (a fine-tuning step at 4L moves the same bytes and counts the same)
+    # one optimizer step (a fine-tuning step at 4L moves the same bytes and counts the
+    # same)
+    step_s: float
     evaluation_s: (
         float  # one evaluation: both protocols at every length and the passkey tests
     )
-    fixed_s: float  # imports, reading the corpus, the n-gram baselines, the evaluation sequences
+    # imports, reading the corpus, the n-gram baselines, the evaluation sequences
+    fixed_s: float
 
 
-# A T4 (Colab's free GPU) running the cpu preset's model in float32, eager PyTorch. A step of that model is bound by
-# the launch of its operators, not by arithmetic: counted on the CPU, a training step dispatches about 1,240 (NoPE,
-# ALiBi) to 1,770 (Shaw) aten operators, assumed at about 15 microseconds of host time each on Colab's host CPU, while
-# its arithmetic (6 x 232 thousand parameters x 2,560 bytes, about 3.6 GFLOP) is under 1 ms at a T4's 8 TFLOP/s fp32
-# peak: 20 ms a step. An evaluation dispatches 4,400 to 11,800 operators and about 0.5 TFLOP of forward passes: 2 s
-# allowed. Once per study: the n-gram baselines (15 s recorded on one CPU thread for the cpu run), reading the
+# A T4 (Colab's free GPU) running the cpu preset's model in float32, eager PyTorch. A
+# step of that model is bound by
+# the launch of its operators, not by arithmetic: counted on the CPU, a training step
+# dispatches about 1,240 (NoPE,
+# ALiBi) to 1,770 (Shaw) aten operators, assumed at about 15 microseconds of host time
+# each on Colab's host CPU, while
+# its arithmetic (6 x 232 thousand parameters x 2,560 bytes, about 3.6 GFLOP) is under 1
+# ms at a T4's 8 TFLOP/s fp32
+# peak: 20 ms a step. An evaluation dispatches 4,400 to 11,800 operators and about 0.5
+# TFLOP of forward passes: 2 s
+# allowed. Once per study: the n-gram baselines (15 s recorded on one CPU thread for the
+# cpu run), reading the
 # standard library and the evaluation sequences: 45 s.
 STEP_COSTS = {"t4": StepCost("t4", step_s=0.020, evaluation_s=2.0, fixed_s=45.0)}
 
 
 def run_counts(preset: Preset, run: str) -> tuple[int, int]:
-    """(optimizer steps, evaluations) of one run: plain RoPE (not a variation's) adds its fine-tunes and their evaluations.
+    """(optimizer steps, evaluations) of one run: plain RoPE (not a variation's) adds
+    its fine-tunes and their evaluations.
 
-    Its fine-tunes are the extensions of `rescalings` and the control fine-tuned at L (CONTROL_AT_L);
-    a step at L moves the same bytes as one at 4L and is counted the same.
+    Its fine-tunes are the extensions of `rescalings` and the control fine-tuned at L
+    (CONTROL_AT_L); a step at L moves the same bytes as one at 4L and is counted the
+    same.
     """
     label, variant, _ = preset.for_run(run)
     if label != "rope" or variant != "trained":
@@ -354,8 +396,10 @@ def run_counts(preset: Preset, run: str) -> tuple[int, int]:
 def estimate(
     preset: Preset, cost: str | StepCost = "t4", recorded: dict | None = None
 ) -> dict:
-    """Steps, evaluations and the seconds of a study of `preset` under `cost`; with `recorded` (a stored run's metadata),
-    the recorded wall seconds of the same (scheme, seed) runs, their seconds per step, and the estimate's speed-up on them."""
+    """Steps, evaluations and the seconds of a study of `preset` under `cost`; with
+    `recorded` (a stored run's metadata), the recorded wall seconds of the same (scheme,
+    seed) runs, their seconds per step, and the estimate's speed-up on them.
+    """
     cost = STEP_COSTS[cost] if isinstance(cost, str) else cost
     counts = {(run, seed): run_counts(preset, run) for run, seed in preset.runs}
     steps, evaluations = (

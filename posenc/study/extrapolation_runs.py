@@ -1,9 +1,11 @@
-"""One run of the extrapolation study: train a scheme with a seed, evaluate it at every length, extend plain RoPE.
+"""One run of the extrapolation study: train a scheme with a seed, evaluate it at every
+length, extend plain RoPE.
 
-`World` is one process or the share of one under torchrun; `train_model` is the training loop
-(the same updates for one process and several); `Evaluation` holds a preset's fixed validation
-sequences and passkey tests and scores a model on them; `run` does one (scheme, seed). The study
-over many runs, its files and the command line are in posenc.study.extrapolation.
+`World` is one process or the share of one under torchrun; `train_model` is the training
+loop (the same updates for one process and several); `Evaluation` holds a preset's fixed
+validation sequences and passkey tests and scores a model on them; `run` does one
+(scheme, seed). The study over many runs, its files and the command line are in
+posenc.study.extrapolation.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ SEQUENCE_COLUMNS = [
 
 
 def with_rope(model: TinyTransformer, **rope_args) -> TinyTransformer:
-    """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are copied by value)."""
+    """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are
+    copied by value).
+    """
     twin = copy.deepcopy(model)
     for block in twin.blocks:
         block.scheme = Rope(block.scheme.head_dim, **rope_args).to(
@@ -64,7 +68,8 @@ def with_rope(model: TinyTransformer, **rope_args) -> TinyTransformer:
     return twin
 
 
-# --- processes: one, or several under torchrun -----------------------------------------------------
+# --- processes: one, or several under torchrun
+# -----------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -77,10 +82,13 @@ class World:
         return self.rank == 0
 
     def rows(self, n: int) -> slice:
-        """This process's share of n rows (n must divide evenly: equal shares keep the mean of means exact)."""
+        """This process's share of n rows (n must divide evenly: equal shares keep the
+        mean of means exact).
+        """
         if n % self.size:
             raise ValueError(
-                f"a global batch of {n} rows does not split evenly over {self.size} processes"
+                f"a global batch of {n} rows does not split evenly over {self.size} "
+                "processes"
             )
         return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
 
@@ -98,7 +106,9 @@ class World:
 
 
 def join_world(device: str) -> tuple[World, torch.device]:
-    """Join the process group when torchrun started several processes (NCCL on GPUs, gloo on CPUs)."""
+    """Join the process group when torchrun started several processes (NCCL on GPUs,
+    gloo on CPUs).
+    """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World(), torch.device(device)
@@ -113,13 +123,16 @@ def join_world(device: str) -> tuple[World, torch.device]:
     return World(dist.get_rank(), dist.get_world_size()), torch.device(device)
 
 
-# --- training ---------------------------------------------------------------------------------------
+# --- training
+# ------------------------------------------------------------------------------------
 
 
 def lm_batch(
     data: torch.Tensor, length: int, batch_size: int, seed: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of a step: random windows of the training split, deterministic per (seed, step)."""
+    """The global batch of a step: random windows of the training split, deterministic
+    per (seed, step).
+    """
     gen = torch.Generator().manual_seed((seed << 22) + step)
     return sample_windows(data, length, batch_size, gen)
 
@@ -127,12 +140,14 @@ def lm_batch(
 def train_model(
     model, steps: int, lr: float, warmup: int, batch, world: World, device
 ) -> list[float]:
-    """AdamW with linear warm-up and cosine decay to lr/10; `batch(step)` returns [(inputs, targets, weight), ...] (global).
+    """AdamW with linear warm-up and cosine decay to lr/10; `batch(step)` returns
+    [(inputs, targets, weight), ...] (global).
 
-    The loss of a step is the sum over the groups of weight x mean cross-entropy of the group's
-    targets. Under torchrun each process takes its equal share of every group's rows and
-    DistributedDataParallel averages the gradients: the same update as one process (every row of
-    a group has the same number of targets). Returns the loss of every step (of the global batch).
+    The loss of a step is the sum over the groups of weight x mean cross-entropy of the
+    group's targets. Under torchrun each process takes its equal share of every group's
+    rows and DistributedDataParallel averages the gradients: the same update as one
+    process (every row of a group has the same number of targets). Returns the loss of
+    every step (of the global batch).
     """
     net = torch.nn.parallel.DistributedDataParallel(model) if world.size > 1 else model
     optimizer = torch.optim.AdamW(
@@ -171,7 +186,8 @@ def train_model(
     return losses
 
 
-# --- evaluation -----------------------------------------------------------------------------------
+# --- evaluation
+# ------------------------------------------------------------------------------------
 
 
 def _bucket(b: int, width: int) -> str:
@@ -180,19 +196,24 @@ def _bucket(b: int, width: int) -> str:
 
 
 def _as_text(values: torch.Tensor) -> str:
-    """Per-sequence losses as the sequences file stores them: space-separated, 4 decimals."""
+    """Per-sequence losses as the sequences file stores them: space-separated, 4
+    decimals.
+    """
     return " ".join(f"{v:.4f}" for v in values.tolist())
 
 
 class Evaluation:
-    """The fixed validation sequences and passkey tests of a preset, scored for one model at a time."""
+    """The fixed validation sequences and passkey tests of a preset, scored for one
+    model at a time.
+    """
 
     def __init__(self, corpus, preset: Preset, world: World):
         self.preset, self.world = preset, world
         L, longest = preset.train_len, max(preset.eval_factors) * preset.train_len
         valid = corpus.valid
         matched_at = spaced_starts(len(valid), longest + 1, preset.eval_sequences)
-        # sliding: L targets after a context of the longest window, placed halfway between the matched sequences
+        # sliding: L targets after a context of the longest window, placed halfway
+        # between the matched sequences
         sliding_at = longest // 2 + spaced_starts(
             len(valid) - longest // 2, longest + L + 1, preset.sliding_sequences
         )
@@ -202,7 +223,8 @@ class Evaluation:
         self.sliding = torch.stack(
             [valid[s : s + longest + L + 1] for s in sliding_at.tolist()]
         ).long()
-        # where each protocol's target bytes sit in the validation split: the n-gram baselines score exactly these
+        # where each protocol's target bytes sit in the validation split: the n-gram
+        # baselines score exactly these
         self.targets = {
             "matched": matched_at[:, None] + torch.arange(1, longest + 1),
             "sliding": sliding_at[:, None] + torch.arange(longest + 1, longest + L + 1),
@@ -219,9 +241,9 @@ class Evaluation:
     def lm(self, model, buckets: bool = False) -> tuple[list[dict], list[dict]]:
         """(rows, per-sequence rows) of both protocols at every length.
 
-        With `buckets`, the per-sequence rows also hold, at L and at the longest length, the mean
-        loss of each bucket of L positions of every matched sequence (protocol "matched_bucket"):
-        the pairs that posenc.study.summary.bucket_rise bootstraps.
+        With `buckets`, the per-sequence rows also hold, at L and at the longest length,
+        the mean loss of each bucket of L positions of every matched sequence (protocol
+        "matched_bucket"): the pairs that posenc.study.summary.bucket_rise bootstraps.
         """
         p, L = self.preset, self.preset.train_len
         rows, seqs = [], []
@@ -332,7 +354,9 @@ class Evaluation:
         return rows, seqs
 
     def attention(self, model) -> list[dict]:
-        """Rows of `attention_profile` on the first window of every matched sequence, at every length the model takes."""
+        """Rows of `attention_profile` on the first window of every matched sequence, at
+        every length the model takes.
+        """
         p, rows = self.preset, []
         for factor in p.eval_factors:
             n = factor * p.train_len
@@ -363,13 +387,15 @@ class Evaluation:
 def attention_profile(
     model: TinyTransformer, windows: torch.Tensor, train_len: int, batch_size: int = 16
 ) -> list[dict]:
-    """Where each head of each layer attends, for the last train_len/2 queries of `windows` (rows of n bytes).
+    """Where each head of each layer attends, for the last train_len/2 queries of
+    `windows` (rows of n bytes).
 
-    Per layer and head (bucket "layer0.head1"), the mean over those queries of: the entropy of the
-    attention weights (metric "entropy", nats; ln of the number of keys for a uniform spread), the
-    weight on keys at least train_len bytes back ("far_mass": distances never seen in training) and
-    the weighted mean distance i - j ("mean_distance"). The weights are the explicit backend's,
-    computed from each block's own input and projections.
+    Per layer and head (bucket "layer0.head1"), the mean over those queries of: the
+    entropy of the attention weights (metric "entropy", nats; ln of the number of keys
+    for a uniform spread), the weight on keys at least train_len bytes back ("far_mass":
+    distances never seen in training) and the weighted mean distance i - j
+    ("mean_distance"). The weights are the explicit backend's, computed from each
+    block's own input and projections.
     """
     device = next(model.parameters()).device
     n, first = windows.shape[1], windows.shape[1] - max(1, train_len // 2)
@@ -409,7 +435,8 @@ def attention_profile(
                     (w * distance).sum(-1),
                 )
             )
-            sums[index] = sums.get(index, 0) + stats.sum(dim=(1, 3)).cpu()  # (3, heads)
+            # (3, heads)
+            sums[index] = sums.get(index, 0) + stats.sum(dim=(1, 3)).cpu()
 
         return hook
 
@@ -436,7 +463,8 @@ def attention_profile(
     ]
 
 
-# --- one run: a scheme and a seed -------------------------------------------------------------------
+# --- one run: a scheme and a seed
+# -------------------------------------------------------------------
 
 
 def build_model(label: str, preset: Preset, device) -> TinyTransformer:
@@ -468,11 +496,12 @@ def run(
     world: World = World(),
     device=None,
 ) -> tuple[list[dict], list[dict]]:
-    """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it at every length.
+    """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it
+    at every length.
 
-    The model trained with plain RoPE (not a variation's) then goes on to its context extensions
-    and to the control fine-tuned at L. A variation's preset differs only in what it changes; the
-    evaluation sequences and tests are the preset's own.
+    The model trained with plain RoPE (not a variation's) then goes on to its context
+    extensions and to the control fine-tuned at L. A variation's preset differs only in
+    what it changes; the evaluation sequences and tests are the preset's own.
     """
     device = torch.device(preset.device) if device is None else device
     evaluation = Evaluation(corpus, preset, world) if evaluation is None else evaluation

@@ -1,11 +1,12 @@
-"""The passkey retrieval task of the position-interpolation and YaRN papers, at byte level.
+"""The passkey retrieval task of the position-interpolation and YaRN papers, at byte
+level.
 
-A key of digits hides at a chosen depth in repeated filler text ("The grass is
-green. The sky is blue. ..."); the sequence ends with a question mark and the
-model must produce the key. Scored by exact match of every digit (greedy
-decoding and teacher-forced argmax agree on exact match).
+A key of digits hides at a chosen depth in repeated filler text ("The grass is green.
+The sky is blue. ..."); the sequence ends with a question mark and the model must
+produce the key. Scored by exact match of every digit (greedy decoding and
+teacher-forced argmax agree on exact match).
 
-Layout of a sequence of `length` bytes:  filler | '#' key | filler | '?' key
+Layout of a sequence of `length` bytes: filler | '#' key | filler | '?' key
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import torch
 from .._checks import positive_int
 from .tasks import IGNORE_INDEX
 
-FILLER = b"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+FILLER = (
+    b"The grass is green. The sky is blue. The sun is yellow. Here we go. "
+    b"There and back again. "
+)
 KEY_MARK, QUERY_MARK = ord("#"), ord("?")
 
 
@@ -24,7 +28,8 @@ def _layout(length: int, digits: int) -> int:
     filler = positive_int("length", length) - 2 * (digits + 1)
     if filler < 0:
         raise ValueError(
-            f"length must be at least {2 * (digits + 1)} to hold the key and the question for {digits} digits, got {length}"
+            f"length must be at least {2 * (digits + 1)} to hold the key and the "
+            f"question for {digits} digits, got {length}"
         )
     return filler
 
@@ -32,12 +37,13 @@ def _layout(length: int, digits: int) -> int:
 def passkey_batch(
     length: int, depths, generator: torch.Generator, digits: int = 4
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(inputs, targets, keys) for one sequence per depth in `depths` (fractions in [0, 1]).
+    """(inputs, targets, keys) for one sequence per depth in `depths` (fractions in [0,
+    1]).
 
-    inputs is (n, length) int64 bytes; targets is -100 except where the model
-    must predict a key digit (the positions just before each answer digit);
-    keys is (n, digits), the digits' bytes. A depth of 0 puts the key first, 1
-    right before the question.
+    inputs is (n, length) int64 bytes; targets is -100 except where the model must
+    predict a key digit (the positions just before each answer digit); keys is (n,
+    digits), the digits' bytes. A depth of 0 puts the key first, 1 right before the
+    question.
     """
     filler_len = _layout(length, digits)
     depths = torch.as_tensor(depths, dtype=torch.float64).reshape(-1)
@@ -64,7 +70,9 @@ def passkey_batch(
 
 
 def training_batches(length: int, batch_size: int, seed: int, digits: int = 4):
-    """`batches(step)` for posenc.train: keys at uniformly random depths, deterministic per (seed, step)."""
+    """`batches(step)` for posenc.train: keys at uniformly random depths, deterministic
+    per (seed, step).
+    """
     positive_int("batch_size", batch_size)
 
     def batches(step: int):
@@ -79,7 +87,9 @@ def training_batches(length: int, batch_size: int, seed: int, digits: int = 4):
 def test_batch(
     length: int, depth: float, count: int = 64, seed: int = 12345, digits: int = 4
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fixed (inputs, targets) of the test at one length and depth: the same for every model."""
+    """The fixed (inputs, targets) of the test at one length and depth: the same for
+    every model.
+    """
     positive_int("count", count)
     if not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
         raise ValueError(f"depth must be a fraction in [0, 1], got {depth!r}")
@@ -115,6 +125,8 @@ def passkey_accuracy(
     digits: int = 4,
     device=None,
 ) -> float:
-    """Fraction of `count` sequences whose every key digit is the model's argmax (exact match)."""
+    """Fraction of `count` sequences whose every key digit is the model's argmax (exact
+    match).
+    """
     inputs, targets = test_batch(length, depth, count, seed, digits)
     return float(passkey_correct(model, inputs, targets, device=device).double().mean())

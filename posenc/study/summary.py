@@ -1,11 +1,13 @@
-"""Intervals and rankings for the extrapolation study: a bootstrap over sequences and seeds.
+"""Intervals and rankings for the extrapolation study: a bootstrap over sequences and
+seeds.
 
 The study stores, for every (scheme, variant, seed, protocol, length), one number per
-evaluation sequence (a mean loss, or a passkey hit as 0/1). A bootstrap replicate draws the
-seeds with replacement and, independently, the sequences with replacement, and recomputes
-every mean from the same draws: the same sequences for every scheme and length, so that
-differences (a rise from L to 8L, one scheme against another) keep their pairing and their
-intervals are as narrow as the data allow. Intervals are the 2.5 and 97.5 percentiles.
+evaluation sequence (a mean loss, or a passkey hit as 0/1). A bootstrap replicate draws
+the seeds with replacement and, independently, the sequences with replacement, and
+recomputes every mean from the same draws: the same sequences for every scheme and
+length, so that differences (a rise from L to 8L, one scheme against another) keep their
+pairing and their intervals are as narrow as the data allow. Intervals are the 2.5 and
+97.5 percentiles.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import pandas as pd
 
 
 def labelled(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add a `label`: the scheme for a model trained from scratch, "scheme (variant)" for the RoPE model's extensions."""
+    """Add a `label`: the scheme for a model trained from scratch, "scheme (variant)"
+    for the RoPE model's extensions.
+    """
     variant = frame["variant"].astype(str)
     return frame.assign(
         label=frame["scheme"].where(
@@ -28,7 +32,9 @@ def labelled(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_sequences(text: str) -> pd.DataFrame:
-    """The per-sequence CSV as a frame whose `values` column holds float arrays (losses, or 0/1 passkey hits)."""
+    """The per-sequence CSV as a frame whose `values` column holds float arrays (losses,
+    or 0/1 passkey hits).
+    """
     frame = pd.read_csv(io.StringIO(text), dtype={"values": str})
 
     def parse(row):
@@ -44,7 +50,9 @@ def read_sequences(text: str) -> pd.DataFrame:
 def _cube(
     sequences: pd.DataFrame, task: str, protocol: str
 ) -> tuple[list[str], list[int], list[int], np.ndarray]:
-    """(labels, seeds, lengths, V[label, seed, length, item]); NaN where a label has no value at a length."""
+    """(labels, seeds, lengths, V[label, seed, length, item]); NaN where a label has no
+    value at a length.
+    """
     part = sequences[(sequences.task == task) & (sequences.protocol == protocol)]
     if part.empty:
         raise ValueError(
@@ -64,7 +72,8 @@ def _cube(
     for (label, seed, length), values in items.items():
         if len(values) != width:
             raise ValueError(
-                f"{label} seed {seed} at {length}: {len(values)} sequences, others have {width}"
+                f"{label} seed {seed} at {length}: {len(values)} sequences, others "
+                f"have {width}"
             )
         cube[labels.index(label), seeds.index(seed), lengths.index(length)] = values
     return labels, [int(s) for s in seeds], [int(n) for n in lengths], cube
@@ -73,7 +82,9 @@ def _cube(
 def _draws(
     rng: np.random.Generator, n_seeds: int, n_items: int, replicates: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap weights (replicates, seeds) and (replicates, items): how often each seed and each item is drawn, over the draw size."""
+    """Bootstrap weights (replicates, seeds) and (replicates, items): how often each
+    seed and each item is drawn, over the draw size.
+    """
     seed_w = (
         rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=replicates)
         / n_seeds
@@ -92,11 +103,13 @@ def bootstrap(
     replicates: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Per label and length: the mean over seeds and sequences, its interval, the rise from the shortest length, and the rank.
+    """Per label and length: the mean over seeds and sequences, its interval, the rise
+    from the shortest length, and the rank.
 
-    Columns: label, eval_len, mean, lo, hi, rise, rise_lo, rise_hi (mean at this length minus
-    at the shortest, on the same sequences), rank (1 = lowest loss or highest accuracy among the
-    labels with a value at that length), rank_lo, rank_hi (the rank's interval over replicates).
+    Columns: label, eval_len, mean, lo, hi, rise, rise_lo, rise_hi (mean at this length
+    minus at the shortest, on the same sequences), rank (1 = lowest loss or highest
+    accuracy among the labels with a value at that length), rank_lo, rank_hi (the rank's
+    interval over replicates).
     """
     labels, seeds, lengths, cube = _cube(sequences, task, protocol)
     rng = np.random.default_rng(seed)
@@ -149,10 +162,11 @@ def difference(
     replicates: int = 2000,
     seed: int = 0,
 ) -> tuple[float, float, float]:
-    """(mean, lo, hi) of first minus second at one length, paired over the same sequences and seeds.
+    """(mean, lo, hi) of first minus second at one length, paired over the same
+    sequences and seeds.
 
-    `second` is a label, or one value per sequence that every seed shares (a baseline scored on
-    the same targets, such as an n-gram's loss of each sequence).
+    `second` is a label, or one value per sequence that every seed shares (a baseline
+    scored on the same targets, such as an n-gram's loss of each sequence).
     """
     labels, _, lengths, cube = _cube(sequences, task, protocol)
     rng = np.random.default_rng(seed)
@@ -163,7 +177,8 @@ def difference(
     )
     if reference.shape[-1] != cube.shape[3]:
         raise ValueError(
-            f"second must be a label or one value per sequence ({cube.shape[3]}), got {reference.shape[-1]} values"
+            f"second must be a label or one value per sequence ({cube.shape[3]}), got "
+            f"{reference.shape[-1]} values"
         )
     diff = cube[labels.index(first), :, lengths.index(length)] - reference  # (S, N)
     n_seeds, n_items = diff.shape
@@ -183,12 +198,13 @@ def bucket_rise(
     replicates: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Per label and bucket of positions: the loss in windows of `long` minus in windows of `short`, on the same bytes.
+    """Per label and bucket of positions: the loss in windows of `long` minus in windows
+    of `short`, on the same bytes.
 
     Reads the per-sequence bucket means the study stores (protocol "matched_bucket") and
-    bootstraps them as `bootstrap` does, paired: one draw of seeds and sequences for every
-    label and bucket. Labels without values at `long` (a learned table past its length) are left
-    out. Columns: label, bucket, mean, lo, hi.
+    bootstraps them as `bootstrap` does, paired: one draw of seeds and sequences for
+    every label and bucket. Labels without values at `long` (a learned table past its
+    length) are left out. Columns: label, bucket, mean, lo, hi.
     """
     part = sequences[
         (sequences.task == "lm") & (sequences.protocol == "matched_bucket")
@@ -201,7 +217,8 @@ def bucket_rise(
     lengths = set(part.eval_len)
     if not {short, long} <= lengths:
         raise ValueError(
-            f"short and long must be lengths with bucket values, {sorted(lengths)}; got {short} and {long}"
+            f"short and long must be lengths with bucket values, {sorted(lengths)}; "
+            f"got {short} and {long}"
         )
     labels = [
         l
@@ -244,11 +261,14 @@ def bucket_rise(
     return pd.DataFrame(rows)
 
 
-# --- seed-level intervals -------------------------------------------------------------------------
+# --- seed-level intervals
+# -------------------------------------------------------------------------
 
 
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with df degrees of freedom (p in (0.5, 1)): its density integrated numerically."""
+    """The p-quantile of Student's t with df degrees of freedom (p in (0.5, 1)): its
+    density integrated numerically.
+    """
     if not 0.5 < p < 1 or int(df) != df or df < 1:
         raise ValueError(
             f"p must be in (0.5, 1) and df a positive integer, got p={p!r}, df={df!r}"
@@ -256,8 +276,10 @@ def t_quantile(p: float, df: int) -> float:
     log_c = (
         math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     )
-    # t = sqrt(df) tan(u) maps [0, pi/2) onto [0, inf) and the density c (1 + t^2/df)^(-(df+1)/2) dt becomes
-    # c sqrt(df) cos(u)^(df - 1) du, smooth: the trapezoid rule on this grid is exact to about 1e-9
+    # t = sqrt(df) tan(u) maps [0, pi/2) onto [0, inf) and the density c (1 +
+    # t^2/df)^(-(df+1)/2) dt becomes
+    # c sqrt(df) cos(u)^(df - 1) du, smooth: the trapezoid rule on this grid is exact to
+    # about 1e-9
     u = np.linspace(0.0, np.pi / 2, 200_001)
     density = math.exp(log_c) * math.sqrt(df) * np.cos(u) ** (df - 1)
     cdf = 0.5 + np.concatenate(
@@ -267,11 +289,14 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def t_interval(values, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, lo, hi): the mean of per-seed values and its Student-t interval (seeds as the sample)."""
+    """(mean, lo, hi): the mean of per-seed values and its Student-t interval (seeds as
+    the sample).
+    """
     values = np.asarray(values, dtype=float)
     if values.ndim != 1 or len(values) < 2 or not np.isfinite(values).all():
         raise ValueError(
-            f"values must be two or more finite numbers (one per seed), got {values.tolist()}"
+            "values must be two or more finite numbers (one per seed), got "
+            f"{values.tolist()}"
         )
     half = (
         t_quantile(0.5 + level / 2, len(values) - 1)
@@ -293,12 +318,15 @@ def per_seed(
     protocol: str = "matched",
     minus=None,
 ) -> pd.Series:
-    """The mean over the sequences of each seed (seed -> value), of `label` at one length, or of `label` minus `minus`
-    (a label, or one value per sequence that every seed shares), paired sequence by sequence."""
+    """The mean over the sequences of each seed (seed -> value), of `label` at one
+    length, or of `label` minus `minus` (a label, or one value per sequence that every
+    seed shares), paired sequence by sequence.
+    """
     labels, seeds, lengths, cube = _cube(sequences, task, protocol)
     if label not in labels or length not in lengths:
         raise ValueError(
-            f"label must be one of {labels} and length one of {lengths}, got {label!r} and {length!r}"
+            f"label must be one of {labels} and length one of {lengths}, got "
+            f"{label!r} and {length!r}"
         )
     values = cube[labels.index(label), :, lengths.index(length)]
     if minus is not None:
