@@ -25,6 +25,13 @@ def test_package_lines_fit_the_column(path):
     assert not long_lines(path.read_text()), f"{path.relative_to(ROOT)}: lines (number, length) over {WIDTH}"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "posenc").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_package_modules_stay_readable(path):
+    """A module a reader can take in: at most 400 lines (split by idea beyond that)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.stem)
 def test_chapter_code_cells_fit_the_column(path):
     nb = nbformat.read(path, as_version=4)

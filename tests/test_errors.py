@@ -5,6 +5,7 @@ import torch
 
 import posenc
 from posenc.qk import rope as qk_rope
+from posenc.qk import rope_forms
 from posenc.input import sinusoidal
 
 INV_FREQ = posenc.rope_frequencies(8)[0]
@@ -26,7 +27,7 @@ CASES = [
     (lambda: posenc.apply_rope(X, torch.tensor([0.0, 1.0, float("nan"), 3.0]), INV_FREQ), ValueError, "positions must be finite"),
     (lambda: posenc.apply_rope(X, torch.arange(4), INV_FREQ, attention_factor=0.0), ValueError, "attention_factor must be a finite number > 0"),
     (lambda: posenc.apply_rope(torch.randn(8), torch.arange(1), INV_FREQ), ValueError, "x must be a tensor of shape (..., seq_len, head_dim)"),
-    (lambda: qk_rope.interleaved_to_half_permutation(5), ValueError, "head_dim must be even"),
+    (lambda: rope_forms.interleaved_to_half_permutation(5), ValueError, "head_dim must be even"),
     (lambda: posenc.sinusoidal_encoding(torch.arange(3), 0), ValueError, "dim must be a positive integer"),
     (lambda: posenc.sinusoidal_encoding(torch.arange(3), -4), ValueError, "dim must be a positive integer"),
     (lambda: posenc.sinusoidal_encoding("abc", 4), TypeError, "positions must be"),

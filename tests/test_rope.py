@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc.qk import rope as qk_rope
+from posenc.qk import rope_forms
 
 DIMS = [2, 8, 64, 128]
 
@@ -35,7 +36,7 @@ def test_matrix_form_agrees(layout):
     inv_freq, _ = posenc.rope_frequencies(32)
     positions = torch.tensor([0, 1, 7, 300, 4095])
     rotated = posenc.apply_rope(x, positions, inv_freq, layout)
-    by_matrix = torch.stack([qk_rope.rope_rotation_matrix(p, inv_freq, layout) @ x[i].double() for i, p in enumerate(positions.tolist())])
+    by_matrix = torch.stack([rope_forms.rope_rotation_matrix(p, inv_freq, layout) @ x[i].double() for i, p in enumerate(positions.tolist())])
     # float32 angles at position 4095 are off by up to ~4095 * 2^-24 rad
     assert torch.allclose(rotated.double(), by_matrix, atol=1e-3)
 
@@ -45,7 +46,7 @@ def test_complex_form_agrees_with_interleaved():
     x = torch.randn(2, 4, 9, 64)
     inv_freq, _ = posenc.rope_frequencies(64)
     positions = torch.arange(100, 109)
-    assert torch.allclose(qk_rope.apply_rope_complex(x, positions, inv_freq), posenc.apply_rope(x, positions, inv_freq, "interleaved"), atol=1e-5)
+    assert torch.allclose(rope_forms.apply_rope_complex(x, positions, inv_freq), posenc.apply_rope(x, positions, inv_freq, "interleaved"), atol=1e-5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -77,14 +78,14 @@ def test_norms_are_preserved(p, layout, seed):
 def test_rotations_compose(m, n):
     inv_freq, _ = posenc.rope_frequencies(16)
     for layout in posenc.LAYOUTS:
-        r = qk_rope.rope_rotation_matrix
+        r = rope_forms.rope_rotation_matrix
         assert torch.allclose(r(m, inv_freq, layout).T @ r(n, inv_freq, layout), r(n - m, inv_freq, layout), atol=1e-9)
 
 
 def test_the_row_permutation_maps_interleaved_to_half():
     torch.manual_seed(0)
     head_dim, seq = 32, 11
-    perm = qk_rope.interleaved_to_half_permutation(head_dim)
+    perm = rope_forms.interleaved_to_half_permutation(head_dim)
     inv_freq, _ = posenc.rope_frequencies(head_dim)
     x = torch.randn(2, 3, seq, head_dim)
     positions = torch.arange(seq)
@@ -105,7 +106,7 @@ def test_the_row_permutation_of_a_partial_rotation_stays_inside_the_rotated_part
     # GPT-J rotates 64 of 256 dimensions, interleaved: the permutation to rotate-half
     # must pair within those 64 and leave the pass-through dimensions in place
     head_dim, factor, seq = 32, 0.25, 7
-    perm = qk_rope.interleaved_to_half_permutation(head_dim, factor, rotated_part)
+    perm = rope_forms.interleaved_to_half_permutation(head_dim, factor, rotated_part)
     assert sorted(perm.tolist()) == list(range(head_dim))
     inv_freq, _ = posenc.rope_frequencies(head_dim, partial_rotary_factor=factor)
     x = torch.randn(2, 3, seq, head_dim, generator=torch.Generator().manual_seed(0))
@@ -121,7 +122,7 @@ def test_the_row_permutation_of_a_partial_rotation_stays_inside_the_rotated_part
     kept = perm[8:] if rotated_part == "first" else perm[:-8]
     assert torch.equal(kept, torch.arange(8, 32) if rotated_part == "first" else torch.arange(24))
     # the whole head's permutation mixes pass-through dimensions into the pairs
-    whole = qk_rope.interleaved_to_half_permutation(head_dim)
+    whole = rope_forms.interleaved_to_half_permutation(head_dim)
     assert not torch.allclose(
         rope(x[..., whole], "half"), rope(x, "interleaved")[..., whole], atol=0.1
     )
@@ -145,7 +146,7 @@ def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
 def test_float64_inputs_get_float64_angles():
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 2, 64, dtype=torch.float64)
-    by64 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([65535, 3], inv_freq, torch.float64))
+    by64 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([65535, 3], inv_freq, torch.float64))
     assert torch.equal(posenc.apply_rope(x, torch.tensor([65535, 3]), inv_freq), by64)
 
 
@@ -187,21 +188,21 @@ def test_apply_rope_is_apply_rope_angles_of_rope_angles(layout, dtype):
     inv_freq, _ = posenc.rope_frequencies(16)
     positions = torch.tensor([0, 3, 99, 1000, 4096, 50000])
     angle_dtype = torch.promote_types(dtype, torch.float32)
-    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), qk_rope.apply_rope_angles(x, qk_rope.rope_angles(positions, inv_freq, angle_dtype), layout))
+    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), rope_forms.apply_rope_angles(x, qk_rope.rope_angles(positions, inv_freq, angle_dtype), layout))
 
 
 def test_apply_rope_angles_in_float64_is_more_exact():
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 64, dtype=torch.float64)
-    exact = qk_rope.apply_rope_complex(x[..., :], [70000], inv_freq)
-    by64 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float64), "interleaved")
-    by32 = qk_rope.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float32), "interleaved")
+    exact = rope_forms.apply_rope_complex(x[..., :], [70000], inv_freq)
+    by64 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float64), "interleaved")
+    by32 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float32), "interleaved")
     assert (by64 - exact).abs().max() < 1e-12 < (by32 - exact).abs().max()
 
 
 def test_decay_bound_starts_at_one_and_falls_on_average():
     inv_freq, _ = posenc.rope_frequencies(128)
-    bound = qk_rope.rope_decay_bound(torch.arange(0, 4096), inv_freq)
+    bound = rope_forms.rope_decay_bound(torch.arange(0, 4096), inv_freq)
     assert bound[0].item() == pytest.approx((128 / 2 + 1) / 2)  # |S_j| = j at distance 0, averaged over j = 1..d/2
     assert bound[1024:].mean() < bound[:16].mean() / 4
 
@@ -216,8 +217,8 @@ def test_decay_bound_bounds_the_logit():
     h = torch.cat((h[0], torch.zeros(1, dtype=h.dtype)))  # h_{d/2 + 1} = 0
     step = (h[1:] - h[:-1]).abs().max()
     for r in [0, 1, 5, 40, 300, 2000]:
-        logit = qk_rope.apply_rope_complex(q, [r], inv_freq) @ k.T
-        assert abs(logit.item()) <= step * qk_rope.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9
+        logit = rope_forms.apply_rope_complex(q, [r], inv_freq) @ k.T
+        assert abs(logit.item()) <= step * rope_forms.rope_decay_bound([r], inv_freq).item() * (head_dim / 2) + 1e-9
 
 
 def test_decoding_builds_a_table_only_when_the_length_doubles():

@@ -20,44 +20,12 @@ from .._checks import (
     same_last_dim,
 )
 from ..scheme import Scheme, register
-from .rope_scaling import ROPE_TYPES
+from .rope_scaling import ROPE_TYPES, rope_parameters, rotary_dim
 
 LAYOUTS = ("half", "interleaved")
 
 
-def rope_parameters(rope_type: str) -> dict[str, object]:
-    """The parameters a rope_type takes beyond head_dim and base, with their defaults.
-
-    A default of inspect.Parameter.empty marks a required parameter.
-    """
-    choice("rope_type", rope_type, tuple(ROPE_TYPES))
-    params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[3:]
-    return {p.name: p.default for p in params}
-
-
 NUMERICS = {"float64": torch.float64, "transformers": torch.float32}
-
-
-def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
-    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor).
-
-    That is Hugging Face's rule; the result must be even.
-    """
-    positive_int("head_dim", head_dim, even=PAIRS)
-    factor = positive_float("partial_rotary_factor", partial_rotary_factor)
-    if factor > 1.0:
-        raise ValueError(
-            "partial_rotary_factor must be in (0, 1] (the fraction of each head that "
-            f"rotates), got {factor}"
-        )
-    rotated = int(head_dim * factor)
-    if rotated < 2 or rotated % 2:
-        raise ValueError(
-            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = "
-            f"{rotated} dimensions of each head: it must be an even number >= 2 "
-            f"({PAIRS})"
-        )
-    return rotated
 
 
 def rope_frequencies(
@@ -138,24 +106,6 @@ def rope_angles(
             f"{tuple(inv_freq.shape)}"
         )
     return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension.
-
-    The rotate-half layout of GPT-NeoX and Hugging Face's Llama.
-    """
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
-    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...) on adjacent pairs.
-
-    The interleaved layout of RoFormer and GPT-J.
-    """
-    pairs = x.unflatten(-1, (-1, 2))
-    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
 
 def _check_x(x) -> None:
@@ -333,123 +283,6 @@ def apply_rope(
     return rotate_pairs(x, cos, sin, layout, rotated_part)
 
 
-def rope_rotation_matrix(
-    position: float, inv_freq: torch.Tensor, layout: str = "half"
-) -> torch.Tensor:
-    """The (head_dim, head_dim) orthogonal matrix R_m with apply_rope(x, m) = x @ R_m.T.
-
-    In float64.
-    It is block-diagonal in the interleaved layout (one 2x2 rotation per pair); the
-    same blocks on dimensions (i, i + head_dim/2) in the half layout.
-    """
-    choice("layout", layout, LAYOUTS)
-    angles = float(position) * inv_freq.to(torch.float64)
-    half = len(inv_freq)
-    first = torch.arange(half) * 2 if layout == "interleaved" else torch.arange(half)
-    second = first + 1 if layout == "interleaved" else first + half
-    r = torch.zeros(2 * half, 2 * half, dtype=torch.float64)
-    r[first, first], r[first, second] = angles.cos(), -angles.sin()
-    r[second, first], r[second, second] = angles.sin(), angles.cos()
-    return r
-
-
-def apply_rope_complex(
-    x: torch.Tensor, positions, inv_freq: torch.Tensor
-) -> torch.Tensor:
-    """RoPE in the complex form: each pair of neighbours as one complex number.
-
-    Pair j, (x_2j, x_2j+1), becomes z_j = x_2j + 1j * x_2j+1 (1j the imaginary unit)
-    and is multiplied by exp(1j * m * theta_j). This is the interleaved layout,
-    written as Meta's original LLaMA code writes it; it must agree with
-    apply_rope(..., layout="interleaved").
-    """
-    angles = rope_angles(
-        as_positions("positions", positions, integer=False), inv_freq, torch.float64
-    )
-    z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
-    return (
-        torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles))
-        .flatten(-2)
-        .to(x.dtype)
-    )
-
-
-def interleaved_to_half_permutation(
-    head_dim: int, partial_rotary_factor: float = 1.0, rotated_part: str = "first"
-) -> torch.Tensor:
-    """Index `perm` with x_half = x_interleaved[..., perm]: (0, 2, 4, ..., 1, 3, ...).
-
-    Permuting the rows of each head's Q and K projections by `perm` turns a
-    model trained with interleaved pairs into one with identical attention
-    under the rotate-half layout (what Hugging Face's Llama conversion script does).
-    With `partial_rotary_factor` < 1 only the rotated dimensions are paired, so the
-    permutation acts inside them (the first int(head_dim * factor), or the last ones
-    with `rotated_part="last"`) and leaves the others where they are: GPT-J's
-    checkpoints (head_dim 256, 64 rotated) need
-    `interleaved_to_half_permutation(256, 0.25)`, not the permutation of the whole
-    head.
-    """
-    choice("rotated_part", rotated_part, ROTATED_PARTS)
-    rotated = rotary_dim(head_dim, partial_rotary_factor)
-    inside = torch.cat((torch.arange(0, rotated, 2), torch.arange(1, rotated, 2)))
-    kept = torch.arange(head_dim - rotated)
-    if rotated_part == "last":
-        return torch.cat((kept, head_dim - rotated + inside))
-    return torch.cat((inside, rotated + kept))
-
-
-def apply_rope_angles(
-    x: torch.Tensor,
-    angles: torch.Tensor,
-    layout: str = "half",
-    attention_factor: float = 1.0,
-) -> torch.Tensor:
-    """Rotate each pair of dimensions of x by given angles (apply_rope's second half).
-
-    angles are of shape (..., seq_len, head_dim/2).
-    Use it with angles formed elsewhere, for example in a low precision to measure
-    what that costs. cos and sin are taken in the angles' dtype (at least float32),
-    then cast to x's dtype, as apply_rope does.
-    """
-    _check_x(x)
-    if not isinstance(angles, torch.Tensor) or not angles.is_floating_point():
-        raise TypeError(
-            "angles must be a floating-point tensor of shape "
-            "(..., seq_len, head_dim / 2)"
-        )
-    choice("layout", layout, LAYOUTS)
-    same_last_dim(
-        "x", x, 2 * angles.shape[-1], f"angles with last dimension {angles.shape[-1]}"
-    )
-    positive_float("attention_factor", attention_factor)
-    angles = angles.to(
-        device=x.device, dtype=torch.promote_types(angles.dtype, torch.float32)
-    )
-    cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
-    return rotate_pairs(x, cos.to(x.dtype), sin.to(x.dtype), layout)
-
-
-def rope_decay_bound(distances, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoFormer's relative upper bound (1 / (d/2)) sum_{j=1}^{d/2} |S_j| at distance r.
-
-    In float64. S_j = sum_{l<j} exp(1j * r * theta_l), pairs indexed by j and l (1j the
-    imaginary unit). By Abel summation the RoPE logit of a query and a key r
-    positions apart obeys |logit| <= max_j |h_{j+1} - h_j| * sum_j |S_j|, where h_j
-    is the complex product of the j-th pairs of q and k (Su et al., section 3.4.3).
-    """
-    r = as_positions("distances", distances, integer=False).to(
-        device=inv_freq.device, dtype=torch.float64
-    )
-    if inv_freq.ndim != 1:
-        raise ValueError(
-            "inv_freq must be one-dimensional (head_dim / 2,), got shape "
-            f"{tuple(inv_freq.shape)}"
-        )
-    phases = r[..., None] * inv_freq.to(torch.float64)
-    partial_sums = torch.polar(torch.ones_like(phases), phases).cumsum(dim=-1)
-    return partial_sums.abs().mean(dim=-1)
-
-
 @register
 class Rope(Scheme):
     """Rotary position embedding applied to queries and keys (Su et al., RoFormer).
@@ -480,15 +313,13 @@ class Rope(Scheme):
         self.rotated_part = choice("rotated_part", rotated_part, ROTATED_PARTS)
         self.rope_type, self.numerics = rope_type, numerics
         self.rope_params = dict(rope_params)
-        inv_freq, attention_factor = rope_frequencies(
-            head_dim, base, rope_type, numerics, **rope_params
-        )
-        self.head_dim, self.base, self.attention_factor = (
-            head_dim,
-            base,
-            attention_factor,
-        )
+        self.head_dim, self.base = head_dim, base
+        inv_freq, self.attention_factor = self._frequencies()
         self.register_float32_buffer("inv_freq", inv_freq)
+
+    def _frequencies(self, **seq_len) -> tuple[torch.Tensor, float]:
+        args = (self.head_dim, self.base, self.rope_type, self.numerics)
+        return rope_frequencies(*args, **self.rope_params, **seq_len)
 
     @property
     def follows_length(self) -> bool:
@@ -496,10 +327,8 @@ class Rope(Scheme):
 
         Their frequencies follow the largest position seen in each call.
         """
-        return (
-            self.rope_type in ("dynamic", "longrope")
-            and "seq_len" not in self.rope_params
-        )
+        follows = self.rope_type in ("dynamic", "longrope")
+        return follows and "seq_len" not in self.rope_params
 
     def frequencies_for(self, positions) -> torch.Tensor:
         """The inverse frequencies used for these positions.
@@ -513,15 +342,7 @@ class Rope(Scheme):
         # are a length of 1, which grows nothing and keeps LongRoPE's short factors,
         # as in Hugging Face
         seq_len = max(int(p.max()) + 1, 1) if p.numel() else 1
-        inv_freq, _ = rope_frequencies(
-            self.head_dim,
-            self.base,
-            self.rope_type,
-            self.numerics,
-            seq_len=seq_len,
-            **self.rope_params,
-        )
-        return inv_freq.to(self.inv_freq.device)
+        return self._frequencies(seq_len=seq_len)[0].to(self.inv_freq.device)
 
     def cos_sin(
         self, positions, like: torch.Tensor
@@ -535,32 +356,23 @@ class Rope(Scheme):
         LongRoPE take the frequencies of the range's length, one table per length.
         """
         same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
+        factor = self.attention_factor
         if isinstance(positions, range) and positions.step == 1:
-            stop = (
-                positions.stop
-                if self.follows_length
-                else 1 << max(positions.stop - 1, 0).bit_length()
-            )
+            stop = positions.stop
+            if not self.follows_length:
+                stop = 1 << max(stop - 1, 0).bit_length()
 
             def table():
                 with torch.no_grad():
-                    return rope_cos_sin(
-                        torch.arange(stop),
-                        self.frequencies_for(range(stop)),
-                        like,
-                        self.attention_factor,
-                    )
+                    frequencies = self.frequencies_for(range(stop))
+                    return rope_cos_sin(torch.arange(stop), frequencies, like, factor)
 
             cos, sin = self.cached(("cos_sin", stop, like.device, like.dtype), table)
-            return cos[positions.start : positions.stop], sin[
-                positions.start : positions.stop
-            ]
+            kept = slice(positions.start, positions.stop)
+            return cos[kept], sin[kept]
         p = as_positions("positions", positions, integer=False)
         return rope_cos_sin(
-            _broadcastable(p, like),
-            self.frequencies_for(p),
-            like,
-            self.attention_factor,
+            _broadcastable(p, like), self.frequencies_for(p), like, factor
         )
 
     def transform_qk(self, x: torch.Tensor, positions) -> torch.Tensor:

@@ -9,11 +9,12 @@ Parameter names and meanings follow Hugging Face's RoPE configs, so a config map
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 
-from .._checks import PAIRS, positive_float, positive_int
+from .._checks import PAIRS, choice, positive_float, positive_int
 
 
 def default_inv_freq(
@@ -362,3 +363,35 @@ ROPE_TYPES = {
     "llama3": llama3,
     "proportional": proportional,
 }
+
+
+def rope_parameters(rope_type: str) -> dict[str, object]:
+    """The parameters a rope_type takes beyond head_dim and base, with their defaults.
+
+    A default of inspect.Parameter.empty marks a required parameter.
+    """
+    choice("rope_type", rope_type, tuple(ROPE_TYPES))
+    params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[3:]
+    return {p.name: p.default for p in params}
+
+
+def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
+    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor).
+
+    That is Hugging Face's rule; the result must be even.
+    """
+    positive_int("head_dim", head_dim, even=PAIRS)
+    factor = positive_float("partial_rotary_factor", partial_rotary_factor)
+    if factor > 1.0:
+        raise ValueError(
+            "partial_rotary_factor must be in (0, 1] (the fraction of each head that "
+            f"rotates), got {factor}"
+        )
+    rotated = int(head_dim * factor)
+    if rotated < 2 or rotated % 2:
+        raise ValueError(
+            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = "
+            f"{rotated} dimensions of each head: it must be an even number >= 2 "
+            f"({PAIRS})"
+        )
+    return rotated
