@@ -1,12 +1,15 @@
-"""Train short, test long: every scheme in one controlled study (same model, data, token
-budget, seeds).
+"""Train short, test long: every scheme in one controlled study.
 
-# the committed results: 2 runs side by side on 2 cores, about two hours python -m
-posenc.study.extrapolation --preset cpu python -m posenc.study.extrapolation --preset
-colab # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes on
-a T4, estimated) python -m posenc.study.extrapolation --preset gpu # a larger model on
-one GPU # the same under DistributedDataParallel torchrun --nproc_per_node 2 -m
-posenc.study.extrapolation --preset gpu
+The same model, data, token budget and seeds for every scheme::
+
+    # the committed results: 2 runs side by side on 2 cores, about two hours
+    python -m posenc.study.extrapolation --preset cpu
+    # a reader's GPU: six schemes, seed 0, the cpu preset's model (about 7 minutes
+    # on a T4, estimated)
+    python -m posenc.study.extrapolation --preset colab
+    # a larger model on one GPU, and the same under DistributedDataParallel
+    python -m posenc.study.extrapolation --preset gpu
+    torchrun --nproc_per_node 2 -m posenc.study.extrapolation --preset gpu
 
 Every scheme trains at length L on the bytes of the standard library
 (posenc.study.corpus), with the passkey task of posenc.study.passkey mixed into every
@@ -26,9 +29,10 @@ values (for the bootstrap of posenc.study.summary) and a JSON of metadata, in
 posenc.study.results.results_dir() unless --out says otherwise; finished runs are
 skipped when the study is run again (pass --fresh to start over).
 
-The presets are in posenc.study.extrapolation_presets, one run (training, evaluation) in
-posenc.study.extrapolation_runs; this module runs a study, writes its files, checks a
-stored run and is the command line. Their public names are importable from here as well.
+The presets are in posenc.study.extrapolation_presets (their time in
+extrapolation_budget), one run in posenc.study.extrapolation_runs (its scoring in
+extrapolation_eval); this module runs a study, writes its files, checks a stored run
+and is the command line. Their public names are importable from here as well.
 """
 
 from __future__ import annotations
@@ -49,26 +53,22 @@ import torch
 import torch.distributed as dist
 
 from .corpus import load_corpus
+from .extrapolation_budget import STEP_COSTS, StepCost, estimate, run_counts
+from .extrapolation_eval import Evaluation, attention_profile
 from .extrapolation_presets import (
     CONTROL_AT_L,
     PRESETS,
     SCHEMES,
-    STEP_COSTS,
     Preset,
-    StepCost,
     Variation,
-    estimate,
     rescalings,
-    run_counts,
     scheme_table,
     tiny,
 )
 from .extrapolation_runs import (
     COLUMNS,
     SEQUENCE_COLUMNS,
-    Evaluation,
     World,
-    attention_profile,
     build_model,
     join_world,
     lm_batch,
@@ -77,39 +77,16 @@ from .extrapolation_runs import (
     with_rope,
 )
 from .ngram import byte_losses, ngram_baselines
-from .results import results_dir
+from .results import append_rows, progress, results_dir, sort_rows
 from .runinfo import git_state, load_average, run_metadata
 
-__all__ = [
-    "COLUMNS",
-    "CONTROL_AT_L",
-    "PRESETS",
-    "SCHEMES",
-    "SEQUENCE_COLUMNS",
-    "STEP_COSTS",
-    "Evaluation",
-    "Preset",
-    "StepCost",
-    "Variation",
-    "World",
-    "attention_profile",
-    "build_model",
-    "check",
-    "estimate",
-    "finished_runs",
-    "join_world",
-    "lm_batch",
-    "main",
-    "rescalings",
-    "result_paths",
-    "run",
-    "run_counts",
-    "scheme_table",
-    "study",
-    "tiny",
-    "train_model",
-    "with_rope",
-]
+__all__ = [  # the study's public names, re-exported from its modules
+    "COLUMNS", "CONTROL_AT_L", "PRESETS", "SCHEMES", "SEQUENCE_COLUMNS", "STEP_COSTS",
+    "Evaluation", "Preset", "StepCost", "Variation", "World", "attention_profile",
+    "build_model", "check", "estimate", "finished_runs", "join_world", "lm_batch",
+    "main", "rescalings", "result_paths", "run", "run_counts", "scheme_table", "study",
+    "tiny", "train_model", "with_rope",
+]  # fmt: skip
 
 
 # --- the study: runs, resume, files
@@ -129,38 +106,6 @@ def finished_runs(csv_path: Path) -> set[tuple[str, int]]:
         return set()
     with csv_path.open() as f:
         return {(r["run"], int(r["seed"])) for r in csv.DictReader(f)}
-
-
-def progress(done: int, total: int, text: str) -> None:
-    width = 30
-    filled = round(width * done / total) if total else width
-    print(
-        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {text:<40}",
-        end="" if done < total else "\n",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        if new:
-            writer.writeheader()
-        writer.writerows({k: r.get(k, "") for k in columns} for r in rows)
-
-
-def _sort_rows(path: Path, key) -> None:
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        columns, rows = reader.fieldnames, list(reader)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(sorted(rows, key=key))  # stable: a run's rows keep their order
 
 
 _WORKER: dict = {}
@@ -276,8 +221,8 @@ def study(
         label: str, seed: int, rows: list[dict], seqs: list[dict], seconds: float
     ) -> None:
         meta["wall_seconds"][f"{label}/{seed}"] = round(seconds, 2)
-        _append(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
-        _append(
+        append_rows(seq_path, SEQUENCE_COLUMNS, [{"run": label, **s} for s in seqs])
+        append_rows(
             csv_path, ["run"] + COLUMNS, [{"run": label, **r} for r in rows]
         )  # last: a run is done once it is here
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -314,7 +259,7 @@ def study(
             csv_path,
             seq_path,
         ):  # in the order of the preset's runs and the seeds, however the runs finished
-            _sort_rows(path, lambda r: (rank.get(r["run"], len(rank)), int(r["seed"])))
+            sort_rows(path, lambda r: (rank.get(r["run"], len(rank)), int(r["seed"])))
         meta["load_average_end"] = load_average()
         json_path.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return csv_path, seq_path, json_path
