@@ -72,3 +72,17 @@ def test_diagonal_spread_is_zero_exactly_for_a_function_of_j_minus_i():
     assert des.diagonal_spread(i * j) > 0
     upper_noise = torch.triu(torch.rand(6, 6), diagonal=1)
     assert des.diagonal_spread(-(i - j).abs() + upper_noise, causal=True) == 0.0
+
+
+def test_content_scale_scales_query_key_logits_but_not_a_bias():
+    # RoPE's logits are c^2 u.R u / sqrt(d): they take the square of the content's scale
+    rope = posenc.Rope(16)
+    torch.testing.assert_close(
+        des.position_logits(rope, 12, content_scale=2.0), 4 * des.position_logits(rope, 12)
+    )
+    # ALiBi adds the same u.u to every key of a query: its softmax weights do not move
+    alibi = posenc.ALiBi(4)
+    far = [des.far_attention(des.position_logits(alibi, 40, content_scale=c), 10) for c in (1.0, 3.0)]
+    assert far[0] == pytest.approx(far[1], abs=1e-12)
+    with pytest.raises(ValueError, match="content_scale"):
+        des.position_logits(rope, 12, content_scale=0.0)
