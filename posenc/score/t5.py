@@ -1,4 +1,7 @@
-"""T5's relative position bias (Raffel et al., 2020): one learned scalar per (bucket of distance, head)."""
+"""T5's relative position bias (Raffel et al., 2020).
+
+One learned scalar per (bucket of distance, head).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,9 @@ def t5_relative_bucket(
     num_buckets: int = 32,
     max_distance: int = 128,
 ) -> torch.Tensor:
-    """T5's bucket of each relative position (key_position - query_position), as in Hugging Face's T5Attention.
+    """T5's bucket of each relative position (key_position - query_position).
+
+    The same buckets as Hugging Face's T5Attention._relative_position_bucket.
 
     Half the buckets of a direction hold the distances 0, 1, 2, ... exactly; the
     other half cover the distances up to `max_distance` on a log scale, and every
@@ -25,23 +30,21 @@ def t5_relative_bucket(
     gives keys after the query their own half of the buckets; `False` (decoder)
     maps every key after the query to bucket 0 with distance 0.
     """
-    positive_int(
-        "num_buckets",
-        num_buckets,
-        even="bidirectional buckets are split between keys before and after the query"
-        if bidirectional
-        else None,
-    )
+    split = "bidirectional buckets are split between keys before and after the query"
+    positive_int("num_buckets", num_buckets, even=split if bidirectional else None)
     positive_int("max_distance", max_distance)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     max_exact = per_direction // 2
     if max_exact < 1:
         raise ValueError(
-            f"num_buckets must be at least {4 if bidirectional else 2} (bidirectional={bidirectional}), got {num_buckets}"
+            f"num_buckets must be at least {4 if bidirectional else 2} "
+            f"(bidirectional={bidirectional}), got {num_buckets}"
         )
     if max_distance <= max_exact:
         raise ValueError(
-            f"max_distance must exceed the {max_exact} exact buckets (num_buckets={num_buckets}, bidirectional={bidirectional}), got {max_distance}"
+            f"max_distance must exceed the {max_exact} exact buckets "
+            f"(num_buckets={num_buckets}, bidirectional={bidirectional}), "
+            f"got {max_distance}"
         )
     rel = as_positions("relative_position", relative_position, integer=True).long()
     buckets = torch.zeros_like(rel)
@@ -51,7 +54,8 @@ def t5_relative_bucket(
     else:
         distance = (-rel).clamp(min=0)
     is_small = distance < max_exact
-    # float32 on purpose: the same rounding as the reference, so that every input gets the same bucket
+    # float32 on purpose: the same rounding as the reference, so that every input gets
+    # the same bucket
     log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(
         max_distance / max_exact
     )
@@ -63,12 +67,13 @@ def t5_relative_bucket(
 
 @register
 class T5Bias(Scheme):
-    """One learned scalar per (bucket of relative position, head), added to the logits (Raffel et al., 2020).
+    """One learned scalar per (bucket of relative position, head), added to the logits.
 
-    The bucket is computed from the distance inside the kernel: no (L, L) table is
-    built on the fast path. T5 computes the bias once, in the first layer, and every
-    layer reuses it. T5 also drops the 1 / sqrt(head_dim) scaling (pass scale=1.0 to
-    posenc.attention to match a T5 checkpoint).
+    Raffel et al. (2020). The bucket is computed from the distance inside the kernel:
+    no (L, L) table is built on the fast path (compiled FlexAttention). T5 computes
+    the bias once, in the first layer, and every layer reuses it. T5 also drops the
+    1 / sqrt(head_dim) scaling (pass scale=1.0 to posenc.attention to match a T5
+    checkpoint).
     """
 
     name = "t5"
@@ -85,14 +90,12 @@ class T5Bias(Scheme):
     ):
         super().__init__()
         self.num_heads = positive_int("num_heads", num_heads)
-        t5_relative_bucket(
-            torch.zeros(1, dtype=torch.long), bidirectional, num_buckets, max_distance
-        )  # checks the arguments
-        self.num_buckets, self.max_distance, self.bidirectional = (
-            num_buckets,
-            max_distance,
-            bidirectional,
-        )
+        # checks the arguments
+        zero = torch.zeros(1, dtype=torch.long)
+        t5_relative_bucket(zero, bidirectional, num_buckets, max_distance)
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
         self.table = nn.Parameter(
             torch.randn(num_buckets, num_heads) * positive_float("init_std", init_std)
         )
@@ -104,4 +107,7 @@ class T5Bias(Scheme):
         return score + self.table[bucket, h]
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        return (
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )
