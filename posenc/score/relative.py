@@ -1,8 +1,10 @@
-"""Relative positions with learned vectors: Shaw et al. (2018), and Transformer-XL's relative logits (Dai et al., 2019).
+"""Relative positions with learned vectors: Shaw et al. (2018), and Transformer-XL's
+relative logits (Dai et al., 2019).
 
 The pure functions are the building blocks the chapter derives; `ShawRelative` is the
 score scheme, whose key term is one definition (a score_mod that reads the queries) and
-whose value term needs the attention weights (explicit backend only).
+whose value term needs the attention weights (explicit backend only; from a fused
+kernel's log-sum-exp, `shaw_value_term_from_lse` computes it without them).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from ..scheme import Scheme, register
 
 
 def shaw_relative_index(q_len: int, k_len: int, max_distance: int) -> torch.Tensor:
-    """clip(j - i, -max_distance, max_distance) + max_distance, shape (q_len, k_len), values in [0, 2 max_distance].
+    """clip(j - i, -max_distance, max_distance) + max_distance, shape (q_len, k_len).
 
-    Keys are at 0..k_len-1 and the queries are the last q_len positions (as when
-    decoding against a cache), the convention of posenc.attention.
+    Values in [0, 2 max_distance]. Keys are at 0..k_len-1 and the queries are the
+    last q_len positions (as when decoding against a cache), the convention of
+    posenc.attention. The index is int64 (what gather and scatter_add_ take): twice
+    the bytes of float32 scores of the same shape, built in place so that it is the
+    only (q_len, k_len) tensor held.
     """
     positive_int("q_len", q_len)
     positive_int("k_len", k_len)
@@ -32,10 +37,8 @@ def shaw_relative_index(q_len: int, k_len: int, max_distance: int) -> torch.Tens
 def clipped_relative_index(q_positions, k_positions, max_distance: int) -> torch.Tensor:
     """shaw_relative_index for explicit positions: clip(k_pos - q_pos, -k, k) + k."""
     positive_int("max_distance", max_distance)
-    return (
-        relative_distance(q_positions, k_positions).clamp(-max_distance, max_distance)
-        + max_distance
-    )
+    distance = relative_distance(q_positions, k_positions)  # a new tensor: change it
+    return distance.clamp_(-max_distance, max_distance).add_(max_distance)
 
 
 METHODS = ("gather", "naive")
@@ -46,10 +49,12 @@ def shaw_key_scores(
 ) -> torch.Tensor:
     """q_i . a^K_{index[i, j]} for every query and key: (..., q_len, k_len).
 
-    q is (..., q_len, d); table (2k + 1, d); index (q_len, k_len), or broadcastable to the scores.
+    q is (..., q_len, d); table (2k + 1, d); index (q_len, k_len), or broadcastable
+    to the scores.
     "naive" builds the (q_len, k_len, d) tensor of relative embeddings, as the
     paper's equations read; "gather" multiplies q by the 2k + 1 table rows once
-    and gathers, so its memory is that of the scores alone.
+    and gathers, so beside the index it reads it holds the scores and a
+    (q_len, 2k + 1) matrix only.
     """
     choice("method", method, METHODS)
     if method == "naive":
@@ -64,7 +69,8 @@ def shaw_value_term(
     index: torch.Tensor,
     method: str = "gather",
 ) -> torch.Tensor:
-    """sum_j weights_ij a^V_{index[i, j]}: (..., q_len, d), the relative term Shaw et al. add to the values.
+    """sum_j weights_ij a^V_{index[i, j]}: (..., q_len, d), the relative term Shaw et
+    al. add to the values.
 
     "naive" builds the (q_len, k_len, d) tensor; "gather" first sums the weights
     that share a relative index (a scatter-add into 2k + 1 slots), then multiplies
@@ -80,8 +86,63 @@ def shaw_value_term(
     return slots @ table.to(weights.dtype)
 
 
+def shaw_value_term_from_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    key_table: torch.Tensor,
+    value_table: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    far_left: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Shaw et al.'s value term from a fused kernel's log-sum-exp: (..., q_len, d).
+
+    q is (..., q_len, d) and k (..., k_len, d), the queries at the last q_len of the
+    k_len key positions; lse (..., q_len) is each query's natural log-sum-exp of its
+    scores (key term included), as FlexAttention (return_aux=AuxRequest(lse=True))
+    and FlashAttention (softmax_lse) return it. The weight of key j is then
+    exp(s_ij - lse_i). Only the 2k + 1 keys with |j - i| <= k have a row of their
+    own, and their scores are recomputed, q_i . (k_j + w^K_{j-i}) * scale, one
+    offset at a time: O(q_len k d) work, nothing of size (q_len, k_len). Every key
+    further back shares the edge row w^V_{-k}, every key further ahead w^V_{k}, so
+    only their total weights count. With `causal`, the keys ahead have none and the
+    keys behind have the rest: 1 minus the band's weight. Without it, `far_left`
+    (..., q_len) is the weight on the keys with j - i < -k (one more fused pass,
+    masked to those keys, gives it as exp(lse_left - lse)), and the keys ahead have
+    the rest. Each query's weights must sum to 1 (no sink, no fully masked row).
+    """
+    if not causal and far_left is None:
+        raise ValueError(
+            "without a causal mask the keys past both edges of the band share two "
+            "rows: pass far_left, the weight on the keys with j - i < -k (for "
+            "instance exp(lse_left - lse) from a second pass masked to those keys)"
+        )
+    max_distance = (key_table.shape[0] - 1) // 2
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    q, k, lse = q.float(), k.float(), lse.float()
+    query_at = torch.arange(k_len - q_len, k_len, device=q.device)
+    band = q.new_zeros(*lse.shape, 2 * max_distance + 1)  # (..., q_len, 2k + 1)
+    for row, offset in enumerate(range(-max_distance, max_distance + 1)):
+        if causal and offset > 0:
+            break  # keys after the query are masked: weight 0
+        key_at = query_at + offset
+        inside = (key_at >= 0) & (key_at < k_len)
+        keys = k[..., key_at.clamp(0, k_len - 1), :]  # a copy: k_j of each query
+        score = (q * keys.add_(key_table[row].float())).sum(-1) * scale
+        band[..., row] = torch.where(inside, torch.exp(score - lse), 0.0)
+    far = 1 - band.sum(-1)  # the weight on the keys past the band, both sides
+    if causal:
+        band[..., 0] += far
+    else:
+        band[..., 0] += far_left.float()
+        band[..., -1] += far - far_left.float()
+    return band @ value_table.float()
+
+
 def skew(rel_scores: torch.Tensor) -> torch.Tensor:
-    """Music Transformer's skewing (Huang et al., 2019): from q_i . r_{d} to q_i . r_{j - i}, with no gather.
+    """Music Transformer's skewing (Huang et al., 2019): from q_i . r_{d} to
+    q_i . r_{j - i}, with no gather and no index.
 
     rel_scores is (..., L, L) whose column c holds the score against the
     relative embedding of distance c - (L - 1), i.e. from -(L - 1) to 0. The
@@ -92,7 +153,8 @@ def skew(rel_scores: torch.Tensor) -> torch.Tensor:
     length = rel_scores.shape[-1]
     if rel_scores.shape[-2] != length:
         raise ValueError(
-            f"rel_scores must be square in its last two dimensions, got {tuple(rel_scores.shape)}"
+            "rel_scores must be square in its last two dimensions, "
+            f"got {tuple(rel_scores.shape)}"
         )
     padded = torch.nn.functional.pad(rel_scores, (1, 0))
     return padded.reshape(*rel_scores.shape[:-2], length + 1, length)[..., 1:, :]
@@ -101,7 +163,8 @@ def skew(rel_scores: torch.Tensor) -> torch.Tensor:
 def transformer_xl_logits(
     q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, u: torch.Tensor, v: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """The four terms of Transformer-XL's relative logit (Dai et al., 2019, section 3.3), each (..., L, L).
+    """The four terms of Transformer-XL's relative logit (Dai et al., 2019, section
+    3.3), each (..., L, L).
 
     q and k are (..., L, d) projected queries and keys; r is (L, d), the projected
     relative embedding of distance i - j = L - 1 - c in row c (distances L-1 down
@@ -120,7 +183,8 @@ def transformer_xl_logits(
         raise ValueError(
             f"r must hold one row per distance 0..{length - 1}, got {r.shape[-2]} rows"
         )
-    # row c of r is distance L - 1 - c, i.e. offset j - i = c - (L - 1): the column order skew expects
+    # row c of r is distance L - 1 - c, i.e. offset j - i = c - (L - 1): the column
+    # order skew expects
     return {
         "a": q @ k.transpose(-1, -2),
         "b": skew(q @ r.T),
@@ -131,13 +195,15 @@ def transformer_xl_logits(
 
 @register
 class ShawRelative(Scheme):
-    """Learned relative keys and values per clipped distance clip(j - i, -k, k) (Shaw et al., 2018).
+    """Learned relative keys and values per clipped distance clip(j - i, -k, k)
+    (Shaw et al., 2018).
 
     logit_ij += q_i . a^K_ij / sqrt(head_dim) and output_i += sum_j weights_ij a^V_ij,
     with one table of 2k + 1 rows for keys and one for values, shared by the heads.
     `values=False` keeps only the key term, which every backend can run; the value
     term needs the weights, so only the explicit backend runs it, by `method`: the
     naive (q_len, k_len, head_dim) construction or the memory-efficient scatter.
+    `method` concerns the value term only: the key term is always query_score_mod.
     """
 
     name = "shaw"
@@ -167,7 +233,8 @@ class ShawRelative(Scheme):
         self.needs_weights = values
 
     def query_score_mod(self, q, positions):
-        """q_i . a^K_{clip(j - i)} / sqrt(d): the queries meet the 2k + 1 table rows once, then each pair picks its row."""
+        """q_i . a^K_{clip(j - i)} / sqrt(d): the queries meet the 2k + 1 table rows
+        once, then each pair picks its row."""
         per_row = (q.float() @ self.key_table.float().T) / math.sqrt(
             self.head_dim
         )  # (batch, heads, q_len, 2k + 1)
@@ -184,13 +251,15 @@ class ShawRelative(Scheme):
     def value_term(self, weights, positions) -> torch.Tensor | None:
         if self.value_table is None:
             return None
-        index = (
-            positions.distances(weights.device).clamp(
-                -self.max_distance, self.max_distance
-            )
-            + self.max_distance
-        )
+        k = self.max_distance
+        # distances() returns a new tensor: clip and shift it in place, so that the
+        # int64 index is the only (q_len, k_len) tensor it adds
+        index = positions.distances(weights.device).clamp_(-k, k).add_(k)
         return shaw_value_term(weights, self.value_table, index, self.method)
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_distance={self.max_distance}, values={self.value_table is not None}, method={self.method!r}"
+        values = self.value_table is not None
+        return (
+            f"head_dim={self.head_dim}, max_distance={self.max_distance}, "
+            f"values={values}, method={self.method!r}"
+        )
