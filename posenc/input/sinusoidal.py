@@ -1,4 +1,5 @@
-"""Sinusoidal absolute positions (Vaswani et al., 2017): the input hook, its math and its scheme."""
+"""Sinusoidal absolute positions (Vaswani et al., 2017): the input hook, its math and
+its scheme."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from ..scheme import Scheme, register
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Angular frequency of every column: base ** (-2 * floor(c / 2) / dim), in float64.
+    """Angular frequency of every column: base ** (-2 * floor(c / 2) / dim), in
+    float64.
 
-    Columns 2i and 2i + 1 share one frequency; the exponent uses the pair index i,
+    Columns 2n and 2n + 1 share one frequency; the exponent uses the pair index n,
     not the column index c (a common slip).
     """
     positive_int("dim", dim)
@@ -23,7 +25,8 @@ def sinusoidal_frequencies(dim: int, base: float = 10000.0) -> torch.Tensor:
 def sinusoidal_encoding(
     positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """The table of Vaswani et al.: PE[p, 2i] = sin(p / base^(2i/dim)), PE[p, 2i+1] = cos(same).
+    """The table of Vaswani et al.: PE[p, 2n] = sin(p / base^(2n/dim)),
+    PE[p, 2n+1] = cos(same), for the position p and the pair n.
 
     Sines and cosines are interleaved (even columns sin, odd columns cos). The
     angles are formed in float64, so the table agrees with the formula to about
@@ -37,12 +40,14 @@ def sinusoidal_encoding(
 
 
 def sinusoidal_wavelengths(dim: int, base: float = 10000.0) -> torch.Tensor:
-    """Wavelength in positions of each sin/cos pair: 2 pi base^(2i/dim), from 2 pi to about 2 pi base."""
+    """Wavelength in positions of each sin/cos pair: 2 pi base^(2n/dim), from 2 pi to
+    about 2 pi base."""
     return 2 * torch.pi / sinusoidal_frequencies(dim, base)[::2]
 
 
 def shift_rotation(k: float, dim: int, base: float = 10000.0) -> torch.Tensor:
-    """The fixed (dim, dim) block-diagonal matrix M_k with PE[p + k] = M_k @ PE[p] for every p.
+    """The fixed (dim, dim) block-diagonal matrix M_k with PE[p + k] = M_k @ PE[p]
+    for every p.
 
     Each 2x2 block [[cos w k, sin w k], [-sin w k, cos w k]] rotates one
     (sin, cos) pair; it depends on the shift k and not on p, which is why the
@@ -61,7 +66,8 @@ def shift_rotation(k: float, dim: int, base: float = 10000.0) -> torch.Tensor:
 def sinusoidal_angles(
     positions, dim: int, base: float = 10000.0, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
-    """Angles p * omega_c of every column c, of shape positions.shape + (dim,), formed in `dtype`.
+    """Angles p * omega_c of every column c, of shape positions.shape + (dim,),
+    formed in `dtype`.
 
     sinusoidal_encoding forms these angles in float64 (the default here). Other
     dtypes are here to show what goes wrong: in float32 an angle near 10^5 is
@@ -82,7 +88,8 @@ def input_logit_terms(
     w_k: torch.Tensor,
     scale: float | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The four terms of the attention logit when a positional code is added to the input.
+    """The four terms of the attention logit when a positional code is added to the
+    input.
 
     With x_i = e_i + p_i (content e and code p, both (seq_len, dim)) and
     projections w_q, w_k of shape (dim, head_dim), the logit
@@ -93,16 +100,17 @@ def input_logit_terms(
     """
     for name, t in (("content", content), ("code", code), ("w_q", w_q), ("w_k", w_k)):
         if not isinstance(t, torch.Tensor) or t.ndim != 2:
-            raise ValueError(
-                f"{name} must be a 2-D tensor, got {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
-            )
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 2-D tensor, got {got}")
     if content.shape != code.shape:
         raise ValueError(
-            f"content {tuple(content.shape)} and code {tuple(code.shape)} must have the same shape (seq_len, dim)"
+            f"content {tuple(content.shape)} and code {tuple(code.shape)} "
+            "must have the same shape (seq_len, dim)"
         )
     if w_q.shape != w_k.shape or w_q.shape[0] != content.shape[1]:
         raise ValueError(
-            f"w_q {tuple(w_q.shape)} and w_k {tuple(w_k.shape)} must both be (dim, head_dim) with dim = {content.shape[1]}"
+            f"w_q {tuple(w_q.shape)} and w_k {tuple(w_k.shape)} must both be "
+            f"(dim, head_dim) with dim = {content.shape[1]}"
         )
     scale = (
         1.0 / w_q.shape[1] ** 0.5 if scale is None else positive_float("scale", scale)
