@@ -1,4 +1,5 @@
-"""The book's one plotting style: figures sized for the content column, legible at the size the site shows them.
+"""The book's one plotting style: figures sized for the content column, legible at the
+size the site shows them.
 
 The site's content column is about 770 px wide. A figure made here is 7.5 in wide at
 100 dpi (750 px), so it is shown at its own size, never shrunk: 10 pt text stays about
@@ -14,7 +15,8 @@ from matplotlib.ticker import MaxNLocator
 
 COLUMN_PX = 770  # the content column of the built site
 DPI = 100
-WIDTH_IN = 7.5  # 750 px at DPI (a tight bounding box adds a few): the figure fits the column unscaled
+# 750 px at DPI (a tight bounding box adds a few): the figure fits the column unscaled
+WIDTH_IN = 7.5
 MAX_COLUMNS = 3
 
 STYLE = {
@@ -38,9 +40,12 @@ STYLE = {
 
 
 def use_book_style() -> None:
-    """Apply the book's style to matplotlib (and to the inline backend's PNGs, which use figure.dpi)."""
+    """Apply the book's style to matplotlib (and to the inline backend's PNGs, which use
+    figure.dpi)."""
     mpl.rcParams.update(STYLE)
-    try:  # the notebook's inline backend keeps its own savefig settings: make its PNG the figure's own size
+    # the notebook's inline backend keeps its own savefig settings: make its PNG the
+    # figure's own size
+    try:
         from matplotlib_inline.backend_inline import set_matplotlib_formats
 
         set_matplotlib_formats("png")
@@ -49,10 +54,12 @@ def use_book_style() -> None:
 
 
 def figure(nrows: int = 1, ncols: int = 1, height: float | None = None, **kwargs):
-    """A figure of the column's width with nrows x ncols panels (at most three wide): (fig, axes) as plt.subplots."""
+    """A figure of the column's width with nrows x ncols panels (at most three wide):
+    (fig, axes) as plt.subplots."""
     if not isinstance(ncols, int) or not 1 <= ncols <= MAX_COLUMNS:
         raise ValueError(
-            f"ncols must be an integer from 1 to {MAX_COLUMNS}: wider figures are shrunk until their text is unreadable; got {ncols!r}"
+            f"ncols must be an integer from 1 to {MAX_COLUMNS}: wider figures are "
+            f"shrunk until their text is unreadable; got {ncols!r}"
         )
     if not isinstance(nrows, int) or nrows < 1:
         raise ValueError(f"nrows must be a positive integer, got {nrows!r}")
@@ -79,7 +86,8 @@ def heatmap(
     ylabel: str = "query position $i$",
     **kwargs,
 ):
-    """imshow of a 2-D matrix with a labelled colorbar and integer ticks; returns the image."""
+    """imshow of a 2-D matrix with a labelled colorbar and integer ticks; returns the
+    image."""
     if not label:
         raise ValueError(
             "label must say what the colours mean (it labels the colorbar)"

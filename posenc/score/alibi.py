@@ -1,4 +1,5 @@
-"""ALiBi, attention with linear biases (Press et al., 2022): a score hook with fixed slopes."""
+"""ALiBi, attention with linear biases (Press et al., 2022): a score hook with fixed
+slopes."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ def _power_of_two_slopes(n: int) -> list[float]:
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
-    """The fixed (not learned) head slopes of the ALiBi paper, float32 of shape (num_heads,).
+    """The fixed (not learned) head slopes of the ALiBi paper, float32 of shape
+    (num_heads,).
 
-    For a power of two n the slopes are the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8).
-    Otherwise the paper takes the n = 2^floor(log2 h) slopes of the nearest
-    lower power of two and fills the remaining heads with every other slope of
-    the sequence for 2n, so the extra heads interleave with the first ones.
+    For a power of two n the slopes are the geometric sequence 2^(-8/n), 2^(-16/n),
+    ..., 2^(-8). Otherwise the authors' reference code takes the n = 2^floor(log2
+    num_heads) slopes of the nearest lower power of two and fills the remaining heads
+    with every other slope of the sequence for 2n, so the extra heads interleave with
+    the first ones. BLOOM and MPT (with its default alibi_bias_max = 8) use the same
+    rule.
     """
     positive_int("num_heads", num_heads)
     n = 2 ** math.floor(math.log2(num_heads))
@@ -32,7 +36,8 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 @register
 class ALiBi(Scheme):
-    """Linear distance penalty -m_h |i - j| on the logits, one fixed slope per head (Press et al., 2022).
+    """Linear distance penalty -m_h |i - j| on the logits, one fixed slope per head
+    (Press et al., 2022).
 
     Under a causal mask (j <= i) this is the paper's -m_h (i - j); the absolute value
     extends it to keys after the query, as bidirectional uses of ALiBi do.
