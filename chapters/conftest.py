@@ -8,6 +8,7 @@ import tempfile
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# torch.compile's on-disk cache, fresh for each test run (tests/conftest.py says why)
-if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):  # unset or empty (empty would put the cache in the working directory)
+# torch.compile's on-disk cache, fresh for each test run (tests/conftest.py says why);
+# unset or empty (empty would put the cache in the working directory)
+if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="posenc-inductor-")
