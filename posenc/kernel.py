@@ -25,14 +25,14 @@ from .positions import Positions, index_grids
 from .scheme import MaskMod, Scheme, ScoreMod
 from .score.masks import and_masks, causal as causal_mod
 
-_MASKS: OrderedDict = (
-    OrderedDict()
-)  # dense masks and block masks of the default layout, by what defines them
+# dense masks and block masks of the default layout, by what defines them
+_MASKS: OrderedDict = OrderedDict()
 _MASKS_KEPT = 8
 
 
 def kept(key, make: Callable[[], object]):
-    """A table that depends on no learned parameter (a mask, a block mask), made once for `key` and kept for the last few keys."""
+    """A table that depends on no learned parameter (a mask, a block mask), made once
+    for `key` and kept for the last few keys."""
     if key not in _MASKS:
         while len(_MASKS) >= _MASKS_KEPT:
             _MASKS.popitem(last=False)
@@ -44,7 +44,8 @@ def kept(key, make: Callable[[], object]):
 def index_score_mod(
     scheme: Scheme, positions: Positions, q: torch.Tensor
 ) -> ScoreMod | None:
-    """The scheme's bias as FlexAttention's score_mod(score, b, h, q_idx, kv_idx), or None where it has none."""
+    """The scheme's bias as FlexAttention's score_mod(score, b, h, q_idx, kv_idx), or
+    None where it has none."""
     reads_queries = scheme.query_score_mod(q, positions)
     if reads_queries is not None:
         return reads_queries
@@ -61,7 +62,8 @@ def index_score_mod(
 def index_mask_mod(
     scheme: Scheme, positions: Positions, causal: bool
 ) -> MaskMod | None:
-    """Causal, the scheme's mask and packed documents, combined, as FlexAttention's mask_mod(b, h, q_idx, kv_idx); None: every key."""
+    """Causal, the scheme's mask and packed documents, combined, as FlexAttention's
+    mask_mod(b, h, q_idx, kv_idx); None: every key."""
     mods = ([causal_mod] if causal else []) + (
         [scheme.mask_mod] if scheme.mask_mod is not None else []
     )
@@ -80,7 +82,8 @@ def index_mask_mod(
 
 
 def mask_rows(scheme: Scheme, positions: Positions) -> int:
-    """How many sequences the mask tells apart: the batch where positions or the scheme's mask differ per row, else 1."""
+    """How many sequences the mask tells apart: the batch where positions or the
+    scheme's mask differ per row, else 1."""
     return max(positions.rows, scheme.mask_rows or 1)
 
 
@@ -98,7 +101,8 @@ def _mask_key(
 def bias_table(
     scheme: Scheme, positions: Positions, q: torch.Tensor
 ) -> torch.Tensor | None:
-    """The dense float32 bias, broadcastable to (batch, heads, q_len, k_len), or None: the one definition on index grids."""
+    """The dense float32 bias, broadcastable to (batch, heads, q_len, k_len), or None:
+    the one definition on index grids."""
     batch, heads = q.shape[0], q.shape[1]
 
     def evaluate():
@@ -124,7 +128,8 @@ def bias_table(
 def mask_table(
     scheme: Scheme, positions: Positions, causal: bool, device
 ) -> torch.Tensor | None:
-    """The dense boolean mask, (batch or 1, 1, q_len, k_len), True where a query may attend; None: every key."""
+    """The dense boolean mask, (batch or 1, 1, q_len, k_len), True where a query may
+    attend; None: every key."""
 
     def evaluate():
         mod = index_mask_mod(scheme, positions, causal)
@@ -173,9 +178,10 @@ def block_mask(
         return None
     rows = batch if mask_rows(scheme, positions) > 1 else None
     key = _mask_key(scheme, positions, causal, q.device)
-    build = lambda: create_block_mask(
-        mod, rows, None, q_len, k_len, device=q.device.type
-    )  # noqa: E731
+
+    def build():
+        return create_block_mask(mod, rows, None, q_len, k_len, device=q.device.type)
+
     return build() if key is None else kept(("block",) + key, build)
 
 
@@ -186,7 +192,8 @@ def bias_matrix(
     num_heads: int | None = None,
     q: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """The dense bias a score scheme adds for explicit 1-D positions: (num_heads, len(q), len(k)), or None.
+    """The dense bias a score scheme adds for explicit 1-D positions:
+    (num_heads, len(q), len(k)), or None.
 
     The same evaluation of the one definition that posenc.attention uses, on the
     device of the scheme's tables. The head count is `num_heads`, else the scheme's own
@@ -205,13 +212,15 @@ def bias_matrix(
     )
     if q_pos.ndim != 1 or k_pos.ndim != 1:
         raise ValueError(
-            f"bias_matrix takes 1-D positions, (len(q),) and (len(k),); got q_positions {tuple(q_pos.shape)} and k_positions "
-            f"{tuple(k_pos.shape)}: for per-row positions (batch, L) call it once per row, or posenc.attention with "
-            "backend='explicit' and return_weights=True"
+            "bias_matrix takes 1-D positions, (len(q),) and (len(k),); "
+            f"got q_positions {tuple(q_pos.shape)} and k_positions "
+            f"{tuple(k_pos.shape)}: for per-row positions (batch, L) call it once per "
+            "row, or posenc.attention with backend='explicit' and return_weights=True"
         )
+    # where the scheme's tables live
     device = next(
         iter([*scheme.parameters(), *scheme.buffers()]), torch.zeros(())
-    ).device  # where the scheme's tables live
+    ).device
     like = torch.zeros(1, heads, len(q_pos), 1, device=device) if q is None else q
     positions = Positions.resolve(
         q_pos, k_pos, len(q_pos), len(k_pos), like.shape[0], like.device
@@ -224,3 +233,17 @@ def bias_matrix(
         if q is None
         else table
     )
+
+
+def additive_mask(bias, allowed, dtype) -> torch.Tensor | None:
+    """The bias with -inf where a key is masked, in the queries' dtype: the one additive
+    mask of the sdpa backend; None where there is neither a bias nor a mask."""
+    if allowed is None:
+        return None if bias is None else bias.to(dtype)
+    return torch.where(
+        allowed,
+        torch.zeros((), dtype=torch.float32, device=allowed.device)
+        if bias is None
+        else bias,
+        float("-inf"),
+    ).to(dtype)

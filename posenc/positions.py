@@ -14,15 +14,16 @@ the query/key transform; masks and biases keep the 1-D order of the sequence (th
 default layout, or the positions given beside the coordinates), as a causal mask
 follows the order in which tokens arrive, not their place in an image.
 
-*Packed documents.* Positions that start again from 0 inside a row, as in [0, 1, 2, 0, 1],
-mark documents packed one after another: each document sees only its own tokens, and
-within one the masks follow positions as usual (so order in the stream). A row counts as
-packed when every step that does not increase lands on 0; positions in any other order
-(a scrambled or random order, as the chapters use to show relativity) are one document.
-This is Hugging Face's rule for packed position ids, except that a gap (a step of more
-than one, as a rolling cache leaves after evicting) does not start a document. Queries
-must then be the last q_len entries of the keys' stream (a full pass, or a chunk just
-appended to a cache), so that each query's document is known.
+*Packed documents.* Positions that start again from 0 inside a row, as in
+[0, 1, 2, 0, 1], mark documents packed one after another: each document sees only its
+own tokens, and within one the masks follow positions as usual (so order in the
+stream). A row counts as packed when every step that does not increase lands on 0;
+positions in any other order (a scrambled or random order, as the chapters use to show
+relativity) are one document. This is Hugging Face's rule for packed position ids,
+except that a gap (a step of more than one, as a rolling cache leaves after evicting)
+does not start a document. Queries must then be the last q_len entries of the keys'
+stream (a full pass, or a chunk just appended to a cache), so that each query's
+document is known.
 """
 
 from __future__ import annotations
@@ -35,21 +36,25 @@ from ._checks import as_positions
 
 
 def default_positions(q_len: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys at 0..k_len-1 and queries at the last q_len of them (decoding against a cache)."""
+    """Keys at 0..k_len-1 and queries at the last q_len of them (decoding against a
+    cache)."""
     if q_len > k_len:
         raise ValueError(
-            f"without explicit positions q_len ({q_len}) must not exceed k_len ({k_len})"
+            f"without explicit positions q_len ({q_len}) "
+            f"must not exceed k_len ({k_len})"
         )
     return torch.arange(k_len - q_len, k_len), torch.arange(k_len)
 
 
 def relative_distance(q_positions, k_positions) -> torch.Tensor:
-    """Matrix of k_position - q_position (j - i in the notation page), shape (len(q), len(k)), integer."""
+    """Matrix of k_position - q_position (j - i in the notation page), shape
+    (len(q), len(k)), integer."""
     q = as_positions("q_positions", q_positions, integer=True)
     k = as_positions("k_positions", k_positions, integer=True).to(q.device)
     if q.ndim != 1 or k.ndim != 1:
         raise ValueError(
-            f"q_positions and k_positions must be one-dimensional, got shapes {tuple(q.shape)} and {tuple(k.shape)}"
+            "q_positions and k_positions must be one-dimensional, "
+            f"got shapes {tuple(q.shape)} and {tuple(k.shape)}"
         )
     return k[None, :] - q[:, None]
 
@@ -61,16 +66,19 @@ def _given(name: str, given, length: int, batch: int) -> torch.Tensor:
     if p.ndim == 2 and p.shape[1] == length:
         if p.shape[0] != batch:
             raise ValueError(
-                f"{name} has {p.shape[0]} rows but q has batch {batch}: give ({length},) or ({batch}, {length})"
+                f"{name} has {p.shape[0]} rows but q has batch {batch}: "
+                f"give ({length},) or ({batch}, {length})"
             )
         return p
     raise ValueError(
-        f"{name} must have shape ({length},) or (batch, {length}) = ({batch}, {length}), got {tuple(p.shape)}"
+        f"{name} must have shape ({length},) or (batch, {length}) = "
+        f"({batch}, {length}), got {tuple(p.shape)}"
     )
 
 
 def check_coords(name: str, coords, axes: int, length: int, batch: int) -> torch.Tensor:
-    """Coordinates on a scheme's position axes: (axes, length) or (axes, batch, length), real numbers allowed."""
+    """Coordinates on a scheme's position axes: (axes, length) or
+    (axes, batch, length), real numbers allowed."""
     c = as_positions(name, coords, integer=False)
     if (
         c.ndim in (2, 3)
@@ -78,15 +86,17 @@ def check_coords(name: str, coords, axes: int, length: int, batch: int) -> torch
         and c.shape[-1] == length
         and (c.ndim == 2 or c.shape[1] == batch)
     ):
-        # shared by a batch of as many rows as axes, (axes, L) would read as per-row positions: pass (axes, batch, L)
+        # shared by a batch of as many rows as axes, (axes, L) would read as per-row
+        # positions: pass (axes, batch, L)
         return (
             c[:, None].expand(axes, batch, length)
             if c.ndim == 2 and batch == axes
             else c
         )
     raise ValueError(
-        f"{name} must have shape ({axes}, {length}) or ({axes}, batch, {length}) = ({axes}, {batch}, {length}): "
-        f"one row of positions per axis of a scheme with position_axes={axes}; got {tuple(c.shape)}"
+        f"{name} must have shape ({axes}, {length}) or ({axes}, batch, {length}) = "
+        f"({axes}, {batch}, {length}): one row of positions per axis of a scheme "
+        f"with position_axes={axes}; got {tuple(c.shape)}"
     )
 
 
@@ -98,34 +108,39 @@ def axis_inputs(
     length: int,
     batch: int,
 ) -> torch.Tensor | None:
-    """Checked coordinates for a query/key transform, or None where the 1-D positions serve (one axis, or none given).
+    """Checked coordinates for a query/key transform, or None where the 1-D positions
+    serve (one axis, or none given).
 
-    A scheme with one axis takes no coordinates; a scheme with several takes 1-D positions
-    shared by the batch (M-RoPE reads them as equal ids), but per-row positions (batch, L)
-    only as coordinates (axes, batch, L), which cannot be mistaken for (axes, L).
+    A scheme with one axis takes no coordinates; a scheme with several takes 1-D
+    positions shared by the batch (M-RoPE reads them as equal ids), but per-row
+    positions (batch, L) only as coordinates (axes, batch, L), which cannot be mistaken
+    for (axes, L).
     """
     if coords is not None:
         if axes == 1:
             raise ValueError(
-                f"{name} is for schemes with several position axes (position_axes > 1: AxialRope, MRope); this scheme has one: give its positions alone"
+                f"{name} is for schemes with several position axes "
+                "(position_axes > 1: AxialRope, MRope); this scheme has one: "
+                "give its positions alone"
             )
         return check_coords(name, coords, axes, length, batch)
     if axes > 1 and positions is not None and positions.ndim == 2:
         raise ValueError(
-            f"per-row positions {tuple(positions.shape)} for a scheme with position_axes={axes} need {name} of shape ({axes}, batch, {length})"
+            f"per-row positions {tuple(positions.shape)} for a scheme with "
+            f"position_axes={axes} need {name} of shape ({axes}, batch, {length})"
         )
     return None
 
 
 def documents(positions: torch.Tensor) -> torch.Tensor | None:
-    """Document ids of packed sequences, the shape of `positions`: in a row whose every non-increasing step lands on 0, each such step starts a document.
+    """Document ids of packed sequences, the shape of `positions`: in a row whose every
+    non-increasing step lands on 0, each such step starts a document.
 
     None where no row is packed (one document per row).
     """
     restart = positions[..., 1:] <= positions[..., :-1]
-    packed = ~(restart & (positions[..., 1:] != 0)).any(
-        -1, keepdim=True
-    )  # rows whose every restart is to 0
+    # rows whose every restart is to 0
+    packed = ~(restart & (positions[..., 1:] != 0)).any(-1, keepdim=True)
     restart = restart & packed
     if not bool(restart.any()):
         return None
@@ -133,10 +148,33 @@ def documents(positions: torch.Tensor) -> torch.Tensor | None:
 
 
 def packed(cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions and document ids of documents packed in one stream, from flash-attention's cu_seqlens.
+    """Positions and document ids of documents packed in one stream, from
+    flash-attention's cu_seqlens.
 
-    cu_seqlens = [0, n_0, n_0 + n_1, ...] (cumulative lengths, starting at 0) gives
-    positions 0..n_0-1, 0..n_1-1, ... and document ids 0, 1, ..., each of shape (total,).
+    Args:
+        cu_seqlens: [0, n_0, n_0 + n_1, ...], the cumulative lengths of the documents,
+            starting at 0 (a sequence or a 1-D integer tensor).
+
+    Returns:
+        (positions, documents): positions 0..n_0-1, 0..n_1-1, ... and document ids
+        0, 1, ..., each of shape (total,), on the device of `cu_seqlens`, for
+        posenc.attention's ``q_documents`` and ``k_documents`` (or KVCache's
+        ``documents``): each document then sees only itself.
+
+    Raises:
+        ValueError: `cu_seqlens` is not 1-D, does not start at 0 or does not increase.
+        TypeError: `cu_seqlens` is not integers.
+
+    Example:
+        >>> import torch, posenc
+        >>> positions, documents = posenc.positions.packed([0, 3, 5])
+        >>> positions.tolist(), documents.tolist()
+        ([0, 1, 2, 0, 1], [0, 0, 0, 1, 1])
+        >>> x = torch.ones(1, 2, 5, 8)
+        >>> ids = dict(q_documents=documents, k_documents=documents)
+        >>> _, weights = posenc.attention(x, x, x, return_weights=True, **ids)
+        >>> bool(weights[..., 3:, :3].eq(0).all())  # the second sees only itself
+        True
     """
     cu = as_positions("cu_seqlens", cu_seqlens, integer=True)
     if (
@@ -146,7 +184,8 @@ def packed(cu_seqlens) -> tuple[torch.Tensor, torch.Tensor]:
         or bool((cu[1:] <= cu[:-1]).any())
     ):
         raise ValueError(
-            f"cu_seqlens must be increasing cumulative lengths starting at 0, e.g. [0, 5, 12], got {cu.tolist()}"
+            "cu_seqlens must be increasing cumulative lengths starting at 0, "
+            f"e.g. [0, 5, 12], got {cu.tolist()}"
         )
     lengths = cu[1:] - cu[:-1]
     documents = torch.repeat_interleave(
@@ -163,7 +202,8 @@ def _is_arange(p: torch.Tensor, start: int) -> bool:
 
 @dataclass(frozen=True)
 class Positions:
-    """Positions of one attention call: `q` and `k` are None in the default layout, else tensors (L,) or (batch, L).
+    """Positions of one attention call: `q` and `k` are None in the default layout,
+    else tensors (L,) or (batch, L).
 
     `q_coords` and `k_coords` are coordinates on several axes, (axes, L) or
     (axes, batch, L), for the query/key transform only; None where it reads `q`, `k`.
@@ -175,9 +215,8 @@ class Positions:
     k: torch.Tensor | None = None
     q_coords: torch.Tensor | None = None
     k_coords: torch.Tensor | None = None
-    q_doc: torch.Tensor | None = (
-        None  # document ids where the positions restart (packed documents), else None
-    )
+    # document ids where the positions restart (packed documents), else None
+    q_doc: torch.Tensor | None = None
     k_doc: torch.Tensor | None = None
 
     @classmethod
@@ -197,20 +236,22 @@ class Positions:
         q_documents=None,
         k_documents=None,
     ) -> Positions:
-        """Check the given positions; positions equal to the default layout are recognised as it.
+        """Check the given positions; positions equal to the default layout are
+        recognised as it.
 
-        Without q_coords, queries take the last q_len of k_coords, as in the default layout.
+        Without q_coords, queries take the last q_len of k_coords, as in the default
+        layout.
         Keys already transformed (a KV cache) need no coordinates. Document ids given
         explicitly replace the ones read from positions that restart at 0.
         """
         if (q_documents is None) != (k_documents is None):
             raise ValueError(
-                "q_documents and k_documents go together: give both (each token's document) or neither"
+                "q_documents and k_documents go together: "
+                "give both (each token's document) or neither"
             )
         if q_documents is not None and q_positions is None and k_positions is None:
-            q_positions, k_positions = default_positions(
-                q_len, k_len
-            )  # documents make the layout explicit
+            # documents make the layout explicit
+            q_positions, k_positions = default_positions(q_len, k_len)
         if q_positions is None and k_positions is None:
             default_positions(q_len, k_len)  # checks q_len <= k_len
             q = k = None
@@ -236,7 +277,8 @@ class Positions:
         if q_coords is None and k_coords is not None:
             if q_len > k_len:
                 raise ValueError(
-                    f"without q_coords, q_len ({q_len}) must not exceed k_len ({k_len}): queries take the last k_coords"
+                    f"without q_coords, q_len ({q_len}) must not exceed k_len "
+                    f"({k_len}): queries take the last k_coords"
                 )
             q_coords = k_coords[..., k_len - q_len :]
         q_coords = axis_inputs("q_coords", q, q_coords, axes, q_len, batch)
@@ -263,14 +305,16 @@ class Positions:
 
     @property
     def rows(self) -> int:
-        """How many sequences the positions or documents tell apart: the batch where either is given per row, else 1."""
+        """How many sequences the positions or documents tell apart: the batch where
+        either is given per row, else 1."""
         given = (self.q, self.k, self.q_doc, self.k_doc)
         return max(
             (t.shape[0] for t in given if t is not None and t.ndim == 2), default=1
         )
 
     def query_positions(self):
-        """What a query/key transform receives: the coordinates if given, a range in the default layout (RoPE caches its table for it), else the tensor."""
+        """What a query/key transform receives: the coordinates if given, a range in
+        the default layout (RoPE caches its table for it), else the tensor."""
         if self.q_coords is not None:
             return self.q_coords
         return range(self.k_len - self.q_len, self.k_len) if self.q is None else self.q
@@ -281,7 +325,8 @@ class Positions:
         return range(self.k_len) if self.k is None else self.k
 
     def q_at(self, b, q_idx):
-        """Position of query index q_idx in sequence b: works on scalars inside a kernel and on index grids."""
+        """Position of query index q_idx in sequence b: works on scalars inside a
+        kernel and on index grids."""
         if self.q is None:
             return q_idx + (self.k_len - self.q_len)
         return self.q[q_idx] if self.q.ndim == 1 else self.q[b, q_idx]
@@ -292,7 +337,8 @@ class Positions:
         return self.k[kv_idx] if self.k.ndim == 1 else self.k[b, kv_idx]
 
     def same_document(self, b, q_idx, kv_idx):
-        """Whether query q_idx and key kv_idx of sequence b belong to one document; None where nothing is packed."""
+        """Whether query q_idx and key kv_idx of sequence b belong to one document;
+        None where nothing is packed."""
         if self.k_doc is None:
             return None
         q_doc = self.q_doc[q_idx] if self.q_doc.ndim == 1 else self.q_doc[b, q_idx]
@@ -301,28 +347,33 @@ class Positions:
         )
 
     def distances(self, device) -> torch.Tensor:
-        """k_pos - q_pos of every pair (j - i), broadcastable to (batch, heads, q_len, k_len)."""
+        """k_pos - q_pos of every pair (j - i), broadcastable to
+        (batch, heads, q_len, k_len)."""
         b, _, q_idx, kv_idx = index_grids(self.rows, 1, self.q_len, self.k_len, device)
         return self.k_at(b, kv_idx) - self.q_at(b, q_idx)
 
     def key(self):
-        """A cache key for tables derived from these positions, or None where the positions are not the default."""
+        """A cache key for tables derived from these positions, or None where the
+        positions are not the default."""
         return (self.q_len, self.k_len) if self.q is None else None
 
 
 def _documents(
     q: torch.Tensor | None, k: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Document ids of queries and keys where the keys' positions restart (packed documents), else (None, None)."""
+    """Document ids of queries and keys where the keys' positions restart (packed
+    documents), else (None, None)."""
     k_doc = None if k is None else documents(k)
     if k_doc is None:
         return None, None
     q_len, k_len = q.shape[-1], k.shape[-1]
     if q_len > k_len or not bool((q == k[..., k_len - q_len :]).all()):
         raise ValueError(
-            "k_positions start again from 0 (packed documents, each from a 0 on), so q_positions must be the "
-            f"last q_len = {q_len} of k_positions, which gives each query its document; got q_positions {q.tolist()} for "
-            f"k_positions {k.tolist()}. Pass queries and keys of one stream, or unpack the documents"
+            "k_positions start again from 0 (packed documents, each from a 0 on), "
+            "so q_positions must be the "
+            f"last q_len = {q_len} of k_positions, which gives each query its "
+            f"document; got q_positions {q.tolist()} for k_positions {k.tolist()}. "
+            "Pass queries and keys of one stream, or unpack the documents"
         )
     return k_doc[..., k_len - q_len :], k_doc
 
@@ -330,7 +381,8 @@ def _documents(
 def index_grids(
     batch: int, heads: int, q_len: int, k_len: int, device
 ) -> tuple[torch.Tensor, ...]:
-    """b, h, q_idx, kv_idx as broadcastable (batch,1,1,1), (1,heads,1,1), (1,1,q_len,1), (1,1,1,k_len) index tensors.
+    """b, h, q_idx, kv_idx as broadcastable (batch,1,1,1), (1,heads,1,1),
+    (1,1,q_len,1), (1,1,1,k_len) index tensors.
 
     A score_mod or mask_mod written for one (b, h, q_idx, kv_idx) of a kernel, evaluated
     on these grids, gives the whole dense table at once: how posenc derives the bias and

@@ -45,11 +45,23 @@ def recipe(*model_types: str):
 
 
 def layer_schemes(config) -> list[Scheme | str]:
-    """One posenc scheme per layer of a transformers model.
+    """One posenc scheme per layer of a transformers model, in a list: the layer's
+    Scheme, or its layer type (a str) where it is not softmax attention.
 
-    `config` is the model's transformers config object, or the dict of its config.json
-    (a multimodal wrapper with a `text_config` too). Raises a ValueError naming an
-    unsupported model_type, or a config field about positions the recipe does not read.
+    Args:
+        config: the model's transformers config object, or the dict of its
+            config.json (a multimodal wrapper with a `text_config` too).
+
+    Raises:
+        ValueError: an unsupported model_type, or a config field about positions
+            that the recipe does not read (the message names it).
+
+    Example:
+        >>> import posenc
+        >>> config = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 64,
+        ...           "num_attention_heads": 4, "head_dim": 16, "sliding_window": 8}
+        >>> [(s.inner.name, s.window, s.softcap) for s in posenc.layer_schemes(config)]
+        [('rope', 8, 50.0), ('rope', None, 50.0)]
     """
     fields = Fields(config)
     choice("model_type", fields.model_type, tuple(sorted(RECIPES)))

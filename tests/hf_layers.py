@@ -20,9 +20,12 @@ import copy
 import math
 from functools import lru_cache
 
+import pytest
 import torch
-import transformers
 from torch import nn
+
+# a helper module of tests/test_recipes_hf.py; collected too (pytest --doctest-modules imports it)
+transformers = pytest.importorskip("transformers")
 
 transformers.logging.set_verbosity_error()
 
