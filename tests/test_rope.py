@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc.qk import rope as qk_rope
 from posenc.qk import rope_forms
+from posenc.qk import rotation
 
 DIMS = [2, 8, 64, 128]
 
@@ -136,8 +136,8 @@ def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
     positions = torch.tensor([0, 1000, 20001, 65535])
     y = posenc.apply_rope(x, positions, inv_freq)
     assert y.dtype == dtype
-    cos, sin = qk_rope.rope_cos_sin(positions, inv_freq, x.float())
-    expected = qk_rope.rotate_pairs(x, cos.to(dtype), sin.to(dtype))
+    cos, sin = rotation.rope_cos_sin(positions, inv_freq, x.float())
+    expected = rotation.rotate_pairs(x, cos.to(dtype), sin.to(dtype))
     assert torch.equal(y, expected)
     reference = posenc.apply_rope(x.float(), positions, inv_freq)  # all in float32: within a few units of the dtype's rounding
     assert float((y.float() - reference).abs().max()) <= 4 * torch.finfo(dtype).eps * float(x.float().abs().max())
@@ -146,16 +146,16 @@ def test_output_keeps_the_dtype_and_angles_are_float32(dtype):
 def test_float64_inputs_get_float64_angles():
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 2, 64, dtype=torch.float64)
-    by64 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([65535, 3], inv_freq, torch.float64))
+    by64 = rope_forms.apply_rope_angles(x, rotation.rope_angles([65535, 3], inv_freq, torch.float64))
     assert torch.equal(posenc.apply_rope(x, torch.tensor([65535, 3]), inv_freq), by64)
 
 
 def test_bf16_angles_drift_and_fp32_angles_do_not():
     inv_freq, _ = posenc.rope_frequencies(128)
     positions = torch.arange(30000, 30100)
-    exact = qk_rope.rope_angles(positions, inv_freq, torch.float64)
-    err32 = (qk_rope.rope_angles(positions, inv_freq, torch.float32).double() - exact).abs().max()
-    err16 = (qk_rope.rope_angles(positions, inv_freq, torch.bfloat16).double() - exact).abs().max()
+    exact = rotation.rope_angles(positions, inv_freq, torch.float64)
+    err32 = (rotation.rope_angles(positions, inv_freq, torch.float32).double() - exact).abs().max()
+    err16 = (rotation.rope_angles(positions, inv_freq, torch.bfloat16).double() - exact).abs().max()
     assert err32 < 1e-2
     assert err16 > 10.0  # bf16 keeps 8 significant bits: position 30001 rounds by up to 64
 
@@ -188,15 +188,15 @@ def test_apply_rope_is_apply_rope_angles_of_rope_angles(layout, dtype):
     inv_freq, _ = posenc.rope_frequencies(16)
     positions = torch.tensor([0, 3, 99, 1000, 4096, 50000])
     angle_dtype = torch.promote_types(dtype, torch.float32)
-    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), rope_forms.apply_rope_angles(x, qk_rope.rope_angles(positions, inv_freq, angle_dtype), layout))
+    assert torch.equal(posenc.apply_rope(x, positions, inv_freq, layout), rope_forms.apply_rope_angles(x, rotation.rope_angles(positions, inv_freq, angle_dtype), layout))
 
 
 def test_apply_rope_angles_in_float64_is_more_exact():
     inv_freq, _ = posenc.rope_frequencies(64)
     x = torch.randn(1, 1, 64, dtype=torch.float64)
     exact = rope_forms.apply_rope_complex(x[..., :], [70000], inv_freq)
-    by64 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float64), "interleaved")
-    by32 = rope_forms.apply_rope_angles(x, qk_rope.rope_angles([70000], inv_freq, torch.float32), "interleaved")
+    by64 = rope_forms.apply_rope_angles(x, rotation.rope_angles([70000], inv_freq, torch.float64), "interleaved")
+    by32 = rope_forms.apply_rope_angles(x, rotation.rope_angles([70000], inv_freq, torch.float32), "interleaved")
     assert (by64 - exact).abs().max() < 1e-12 < (by32 - exact).abs().max()
 
 
@@ -255,8 +255,8 @@ def test_rotate_pairs_compiles_to_one_graph_without_gradients(layout):
     x = torch.randn(1, 2, 16, 8)
     cos, sin = (f(torch.randn(16, 4)) for f in (torch.cos, torch.sin))
     with torch.no_grad():
-        explained = torch._dynamo.explain(lambda x, c, s: qk_rope.rotate_pairs(x, c, s, layout))(x, cos, sin)
-        eager = qk_rope.rotate_pairs(x, cos, sin, layout)
-        compiled = torch.compile(lambda x, c, s: qk_rope.rotate_pairs(x, c, s, layout), backend="aot_eager")(x, cos, sin)
+        explained = torch._dynamo.explain(lambda x, c, s: rotation.rotate_pairs(x, c, s, layout))(x, cos, sin)
+        eager = rotation.rotate_pairs(x, cos, sin, layout)
+        compiled = torch.compile(lambda x, c, s: rotation.rotate_pairs(x, c, s, layout), backend="aot_eager")(x, cos, sin)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     torch.testing.assert_close(compiled, eager)

@@ -22,6 +22,32 @@ class LearnedAbsolute(Scheme):
     position >= max_len is an error, not a silent index wrap (nor, on a GPU,
     a device-side assert). The check reads the positions' smallest and largest
     values on the host, which on a GPU costs a synchronisation per call.
+    Registered as ``"learned"``.
+
+    Args:
+        max_len: the rows of the table, for the positions 0..max_len-1.
+        dim: the width of a code, the model width.
+        init_std: the standard deviation of the table's normal initialisation.
+
+    Raises:
+        TypeError: `max_len` or `dim` is not an integer; on use, positions that are
+            not integers.
+        ValueError: `max_len` or `dim` < 1, or `init_std` <= 0; on use, a position
+            outside [0, max_len).
+
+    Example:
+        >>> import torch, posenc
+        >>> learned = posenc.LearnedAbsolute(max_len=16, dim=8)
+        >>> learned.hook, learned.table.shape
+        ('input', torch.Size([16, 8]))
+        >>> learned.embed(torch.arange(10)).shape
+        torch.Size([10, 8])
+        >>> torch.equal(learned.embed(torch.tensor([3])), learned.table[3:4])
+        True
+        >>> learned.embed(torch.arange(17))
+        Traceback (most recent call last):
+        ...
+        ValueError: position 16 is outside the learned table: ...
     """
 
     name = "learned"
@@ -60,6 +86,27 @@ class RecurrentAbsolute(Scheme):
     past the training length, but computing position t takes t sequential steps.
     `init_std` scales the start s; W is drawn with std 0.5 / sqrt(dim). A model
     that re-initialises its linear layers (TinyTransformer does) replaces W's draw.
+    Registered as ``"recurrent"``.
+
+    Args:
+        dim: the width of a code, the model width.
+        init_std: the standard deviation of the start s.
+
+    Raises:
+        TypeError: `dim` is not an integer; on use, positions that are not integers.
+        ValueError: `dim` < 1 or `init_std` <= 0; on use, a negative position.
+
+    Example:
+        >>> import torch, posenc
+        >>> recurrent = posenc.RecurrentAbsolute(dim=8)
+        >>> codes = recurrent.embed(torch.arange(5))
+        >>> codes.shape, torch.equal(codes[0], recurrent.start)
+        (torch.Size([5, 8]), True)
+        >>> with torch.no_grad():
+        ...     step = codes[0] + torch.tanh(recurrent.step(codes[0]))
+        >>> torch.testing.assert_close(codes[1], step)
+        >>> recurrent.embed(torch.tensor([1000])).shape  # any position: 1000 steps
+        torch.Size([1, 8])
     """
 
     name = "recurrent"

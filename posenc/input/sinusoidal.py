@@ -30,8 +30,32 @@ def sinusoidal_encoding(
 
     Sines and cosines are interleaved (even columns sin, odd columns cos). The
     angles are formed in float64, so the table agrees with the formula to about
-    1e-7 even at position 10^5, then cast to `dtype`. Returns a tensor of shape
-    `positions.shape + (dim,)`. Positions may be integers or real numbers.
+    1e-7 even at position 10^5, then cast to `dtype`.
+
+    Args:
+        positions: positions of any shape, (seq_len,) or (batch, seq_len), integers
+            or real numbers.
+        dim: the width of the code (the model width).
+        base: the wavelengths run from 2 pi to 2 pi base; > 1.
+        dtype: the dtype of the table.
+
+    Returns:
+        A tensor of shape positions.shape + (dim,), in `dtype`.
+
+    Raises:
+        TypeError: positions are not real numbers, or `dim` is not an integer.
+        ValueError: `dim` < 1, `base` <= 1, or a position is not finite.
+
+    Example:
+        >>> import torch, posenc
+        >>> pe = posenc.sinusoidal_encoding(torch.arange(4), dim=6)
+        >>> pe.shape, pe.dtype
+        (torch.Size([4, 6]), torch.float32)
+        >>> pe[0].tolist()  # sin 0, cos 0 in every pair
+        [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+        >>> torch.testing.assert_close(pe[:, 0], torch.sin(torch.arange(4.0)))
+        >>> posenc.sinusoidal_encoding(torch.zeros(2, 3, dtype=torch.long), 6).shape
+        torch.Size([2, 3, 6])
     """
     angles = sinusoidal_angles(positions, dim, base, torch.float64)
     columns = torch.arange(dim, device=angles.device)
@@ -128,7 +152,32 @@ def input_logit_terms(
 
 @register
 class Sinusoidal(Scheme):
-    """Fixed sin/cos table added to the token embeddings (Vaswani et al., 2017)."""
+    """Fixed sin/cos table added to the token embeddings (Vaswani et al., 2017).
+
+    The input hook: `embed` returns `sinusoidal_encoding(positions, dim, base)`,
+    which a model adds to its token embeddings (posenc.TinyTransformer does);
+    attention itself is unchanged. Nothing is learned. Registered as
+    ``"sinusoidal"``.
+
+    Args:
+        dim: the width of the code, the model width.
+        base: the wavelengths run from 2 pi to 2 pi base; > 1.
+
+    Raises:
+        TypeError: `dim` is not an integer or `base` not a number.
+        ValueError: `dim` < 1 or `base` <= 1.
+
+    Example:
+        >>> import torch, posenc
+        >>> sinusoidal = posenc.Sinusoidal(dim=16)
+        >>> sinusoidal.hook, list(sinusoidal.parameters())
+        ('input', [])
+        >>> codes = sinusoidal.embed(torch.arange(10))
+        >>> codes.shape
+        torch.Size([10, 16])
+        >>> torch.equal(codes, posenc.sinusoidal_encoding(torch.arange(10), 16))
+        True
+    """
 
     name = "sinusoidal"
     hook = "input"

@@ -152,7 +152,48 @@ class AxialRope(MultiAxisRope):
     `rope_type` ("linear", "ntk", "yarn") with `factor` (and, for YaRN,
     `original_max_position_embeddings`), each one number or one per axis, rescales
     every axis's ladder by its own factor (per_axis_frequencies: FiT's VisionNTK and
-    VisionYaRN).
+    VisionYaRN). Registered as ``"axial_rope"``.
+
+    Args:
+        head_dim: the width of a head; a multiple of 4 without `sections`.
+        base: the base of every axis's ladder.
+        sections: the pairs per axis, summing to head_dim / 2; None for two equal
+            axes.
+        layout: ``"half"`` or ``"interleaved"`` (posenc.qk.rope.LAYOUTS).
+        numerics: ``"float64"`` or ``"transformers"``, as in posenc.rope_frequencies.
+        grid_width: read 1-D positions as raster indices of a grid this many patches
+            wide; None to require coordinates.
+        rope_type: ``"default"``, or a per-axis rescaling (``"linear"``, ``"ntk"``,
+            ``"yarn"``).
+        **rope_params: the rescaling's parameters (``factor``, ...), each one number
+            or one per axis.
+
+    Raises:
+        ValueError: `head_dim` is not a multiple of 4 (without `sections`), the
+            sections do not sum to head_dim / 2, `grid_width` is given for other than
+            two axes, or `layout`, `numerics` or `rope_type` is unknown; on use, 1-D
+            positions without `grid_width`, or coordinates of another shape.
+        TypeError: `head_dim` is not an integer.
+
+    Example:
+        >>> import torch, posenc
+        >>> from posenc.qk import grid_positions
+        >>> axial = posenc.AxialRope(head_dim=16)
+        >>> coords = grid_positions(2, 3)  # (row, col) of 2 x 3 patches
+        >>> coords.tolist()
+        [[0, 0, 0, 1, 1, 1], [0, 1, 2, 0, 1, 2]]
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 6, 16, generator=g)
+        >>> out = posenc.attention(
+        ...     q, k, v, axial, causal=False, q_coords=coords, k_coords=coords
+        ... )
+        >>> out.shape
+        torch.Size([1, 2, 6, 16])
+        >>> raster = posenc.AxialRope(16, grid_width=3)  # 1-D positions, row by row
+        >>> torch.equal(
+        ...     raster.transform_qk(q, torch.arange(6)), axial.transform_qk(q, coords)
+        ... )
+        True
     """
 
     name = "axial_rope"

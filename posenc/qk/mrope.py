@@ -41,6 +41,39 @@ class MRope(MultiAxisRope):
     key; `mrope_interleaved=True` spreads the axes over the ladder as Qwen3-VL does
     (axis_of_pairs). Coordinates are (3, L) or (3, batch, L) (transformers'
     position_ids); 1-D positions are text, t = h = w, for which M-RoPE is 1-D RoPE.
+    Registered as ``"mrope"``.
+
+    Args:
+        head_dim: the width of a head, even.
+        base: the base of the one ladder.
+        mrope_section: the pairs of time, height and width, summing to head_dim / 2;
+            None for `default_mrope_section`.
+        layout: ``"half"`` or ``"interleaved"`` (posenc.qk.rope.LAYOUTS).
+        numerics: ``"float64"`` or ``"transformers"``, as in posenc.rope_frequencies.
+        mrope_interleaved: spread the axes over the ladder (Qwen3-VL).
+
+    Raises:
+        ValueError: `mrope_section` has not three entries or does not sum to
+            head_dim / 2, or `layout` or `numerics` is unknown; on use, coordinates
+            of another shape.
+        TypeError: `head_dim` is not an integer.
+
+    Example:
+        >>> import torch, posenc
+        >>> from posenc.qk import mrope_positions
+        >>> mrope = posenc.MRope(head_dim=16)
+        >>> coords = mrope_positions([2, (1, 2, 2), 1])  # text, a 2 x 2 image, text
+        >>> coords.tolist()
+        [[0, 1, 2, 2, 2, 2, 4], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 2, 3, 4]]
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 7, 16, generator=g)
+        >>> posenc.attention(q, k, v, mrope, q_coords=coords, k_coords=coords).shape
+        torch.Size([1, 2, 7, 16])
+        >>> text = torch.arange(7)  # 1-D positions are text: t = h = w, plain RoPE
+        >>> rope = posenc.Rope(head_dim=16)
+        >>> torch.testing.assert_close(
+        ...     mrope.transform_qk(q, text), rope.transform_qk(q, text)
+        ... )
     """
 
     name = "mrope"

@@ -19,7 +19,8 @@ import torch
 
 from .._checks import PAIRS, as_positions, choice, positive_int, same_last_dim
 from ..scheme import Scheme
-from .rope import LAYOUTS, _angle_dtype, _check_x, rotate_pairs
+from .rope import LAYOUTS
+from .rotation import _angle_dtype, _check_x, rotate_pairs
 
 
 def _sections(name: str, sections, head_dim: int) -> tuple[int, ...]:

@@ -1,8 +1,9 @@
 """Rotary position embedding (Su et al., RoFormer): the query/key hook and its scheme.
 
-`rope_frequencies` is a registry of frequency schedules keyed by the `rope_type`
-names of Hugging Face transformers; `apply_rope` rotates queries or keys; `Rope`
-is the scheme, which keeps a cos/sin table per length, device and dtype.
+`rope_frequencies` looks up a registry of frequency schedules keyed by the `rope_type`
+names of Hugging Face transformers; `apply_rope` rotates queries or keys (with the
+arithmetic of posenc.qk.rotation); `Rope` is the scheme, with a cos/sin table per
+length, device and dtype.
 """
 
 from __future__ import annotations
@@ -20,8 +21,19 @@ from .._checks import (
     same_last_dim,
 )
 from ..scheme import Scheme, register
-from .rope_scaling import ROPE_TYPES, rope_parameters, rotary_dim
+from .rope_scaling import ROPE_TYPES, rope_parameters
+from .rotation import (
+    ROTATED_PARTS,
+    _broadcastable,
+    _check_x,
+    rope_cos_sin,
+    rotary_dim,
+    rotate_pairs,
+)
 
+#: The two ways RoPE pairs a head's dimensions. ``"half"`` pairs i with i + head_dim/2
+#: (GPT-NeoX, Hugging Face's rotate_half), ``"interleaved"`` pairs 2i with 2i + 1
+#: (RoFormer, GPT-J); a permutation of the dimensions maps one to the other.
 LAYOUTS = ("half", "interleaved")
 
 
@@ -40,16 +52,8 @@ def rope_frequencies(
 
     "default" is plain RoPE, theta_i = base^(-2i/head_dim); "linear", "ntk",
     "dynamic", "yarn", "longrope" and "llama3" rescale it, and "proportional" (p-RoPE)
-    truncates it (posenc.qk.rope_scaling; parameters named as in Hugging Face's RoPE
-    configs). Returns `(inv_freq, attention_factor)` like Hugging Face's RoPE init
-    functions: inv_freq is float32 of length rotated/2, attention_factor multiplies
-    cos and sin.
-
-    `partial_rotary_factor` < 1 rotates only the first int(head_dim * factor) dimensions
-    of each head (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): every schedule is
-    then formed for that rotated width, which changes the NTK exponent d/(d - 2) and
-    YaRN's correction range, as in Hugging Face. "proportional" reads the factor
-    itself: the whole head is paired, and the pairs past the fraction get frequency 0.
+    truncates it (`ROPE_TYPES`, in posenc.qk.rope_scaling; parameters named as in
+    Hugging Face's RoPE configs), like Hugging Face's RoPE init functions.
 
     `numerics="float64"` (the default) forms the frequencies in float64 and rounds once,
     so each is the float32 nearest the formula. `numerics="transformers"` forms them in
@@ -58,6 +62,45 @@ def rope_frequencies(
     2i/head_dim is itself rounded in float32 (up to 5 for head_dim 80 or 96 at bases
     up to 1e6), which at position 131071 moves an angle by up to about 1e-2 rad.
     Use it to run a checkpoint trained with transformers exactly as it was trained.
+
+    Args:
+        head_dim: the width of a head, even.
+        base: b in theta_i = b^(-2i/d), > 1.
+        rope_type: a key of `ROPE_TYPES` (``"default"``, ``"linear"``, ``"yarn"``...).
+        numerics: ``"float64"`` or ``"transformers"``, as above.
+        partial_rotary_factor: the fraction of each head that rotates, in (0, 1]
+            (GPT-NeoX's rotary_pct): schedules are formed for the rotated width
+            int(head_dim * factor), which changes the NTK exponent d/(d - 2) and YaRN's
+            range, as in Hugging Face; "proportional" pairs the whole head instead.
+        **params: the rope_type's parameters (``factor``,
+            ``original_max_position_embeddings``, ``beta_fast``, ...).
+
+    Returns:
+        ``(inv_freq, attention_factor)``, inv_freq float32 of shape (rotated/2,) and
+        the factor that multiplies cos and sin (1.0 but for YaRN and LongRoPE).
+
+    Raises:
+        ValueError: `rope_type` or `numerics` is unknown, a required parameter is
+            missing, `base` <= 1, `head_dim` is odd, or a parameter is out of range.
+        TypeError: the rope_type does not take one of `params`, or an argument is
+            not a number.
+
+    Example:
+        >>> import torch, posenc
+        >>> inv_freq, attention_factor = posenc.rope_frequencies(head_dim=8)
+        >>> inv_freq.shape, inv_freq.dtype, attention_factor
+        (torch.Size([4]), torch.float32, 1.0)
+        >>> linear, _ = posenc.rope_frequencies(8, rope_type="linear", factor=4.0)
+        >>> torch.testing.assert_close(linear, inv_freq / 4)
+        >>> _, temperature = posenc.rope_frequencies(
+        ...     8, rope_type="yarn", factor=4.0, original_max_position_embeddings=16
+        ... )
+        >>> round(temperature, 4)  # 0.1 ln 4 + 1
+        1.1386
+        >>> posenc.rope_frequencies(8, rope_type="linear")
+        Traceback (most recent call last):
+        ...
+        ValueError: rope_type 'linear' needs factor
     """
     choice("numerics", numerics, tuple(NUMERICS))
     positive_float("base", base, minimum=1.0)
@@ -90,154 +133,6 @@ def rope_frequencies(
     return inv_freq.float(), attention_factor
 
 
-def rope_angles(
-    positions, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Angles m * theta_i, of shape positions.shape + (len(inv_freq),), formed in dtype.
-
-    apply_rope uses float32 (float64 for float64 inputs). Other dtypes are here to
-    show what goes wrong: bfloat16 holds 8 significant bits, so above 256 it cannot
-    represent every integer (1000 is exact, 1001 is rounded to 1000).
-    """
-    p = as_positions("positions", positions, integer=False)
-    if inv_freq.ndim != 1:
-        raise ValueError(
-            "inv_freq must be one-dimensional (head_dim / 2,), got shape "
-            f"{tuple(inv_freq.shape)}"
-        )
-    return p.to(dtype)[..., None] * inv_freq.to(device=p.device, dtype=dtype)
-
-
-def _check_x(x) -> None:
-    if not isinstance(x, torch.Tensor) or x.ndim < 2:
-        raise ValueError("x must be a tensor of shape (..., seq_len, head_dim)")
-    positive_int("head_dim (x.shape[-1])", x.shape[-1], even=PAIRS)
-
-
-def _broadcastable(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Positions shaped to broadcast against x.shape[:-1].
-
-    (batch, seq_len) positions for x of shape (batch, heads, seq_len, d) gain the
-    head axis.
-    """
-    if p.ndim == 2 and x.ndim == 4 and p.shape == (x.shape[0], x.shape[2]):
-        p = p[:, None, :]
-    try:
-        torch.broadcast_shapes(p.shape, x.shape[:-1])
-    except RuntimeError:
-        raise ValueError(
-            f"positions of shape {tuple(p.shape)} do not broadcast to x.shape[:-1] = "
-            f"{tuple(x.shape[:-1])}"
-        ) from None
-    return p
-
-
-def _angle_dtype(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.dtype:
-    """float32, or float64 where x or the frequencies are float64: never below float32.
-
-    The dtype in which angles are formed.
-    """
-    return torch.promote_types(
-        torch.float32, torch.promote_types(x.dtype, inv_freq.dtype)
-    )
-
-
-def rope_cos_sin(
-    positions, inv_freq: torch.Tensor, like: torch.Tensor, attention_factor: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the angles position * theta_i, in `like`'s dtype and device.
-
-    Both are of shape (..., seq_len, head_dim/2).
-
-    The angles and their cos and sin are formed in float32 (float64 for float64
-    inputs) and only then cast, as Hugging Face does: in bfloat16 the rotation itself
-    runs in bfloat16, but no angle is ever rounded to it.
-    """
-    p = as_positions("positions", positions, integer=False).to(like.device)
-    angles = rope_angles(p, inv_freq.to(like.device), _angle_dtype(like, inv_freq))
-    cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
-    return cos.to(like.dtype), sin.to(like.dtype)
-
-
-def _pairs(x: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two members of every rotated pair, as views.
-
-    Halves (i, i + d/2) in the "half" layout, neighbours (2i, 2i + 1) in "interleaved".
-    """
-    if layout == "half":
-        return x.chunk(2, dim=-1)
-    pairs = x.unflatten(-1, (-1, 2))
-    return pairs[..., 0], pairs[..., 1]
-
-
-def rotate_pairs(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str = "half",
-    rotated_part: str = "first",
-) -> torch.Tensor:
-    """(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) on every pair.
-
-    cos and sin are of shape (..., seq_len, rotated/2). The first `rotated` =
-    2 * cos.shape[-1] dimensions of x are paired and rotated (all of them unless the
-    rotation is partial); the rest pass through, as in GPT-NeoX. With
-    `rotated_part="last"` the last ones rotate instead: the [nope | rope] heads of
-    DeepSeek's multi-head latent attention.
-    Each product is rounded before the sum, as in Hugging Face's
-    `q * cos + rotate_half(q) * sin`, so with the same cos and sin the result is
-    bit-identical to it. Without gradients it is written into one output tensor with a
-    single half-size scratch buffer (no rotate_half copy, no full-size temporaries);
-    with gradients the same arithmetic runs out of place (torch's out= records no
-    graph), and so it does under torch.compile: the compiler fuses the out-of-place
-    form into one loop at a copy's speed, while the out= writes into views of one
-    buffer make it copy and scatter (on a CPU, 9 times slower;
-    chapters/benchmark.ipynb).
-    """
-    rotated = 2 * cos.shape[-1]
-    if rotated < x.shape[-1]:
-        if rotated_part == "last":
-            turned = rotate_pairs(x[..., -rotated:], cos, sin, layout)
-            return torch.cat(
-                (
-                    x[..., :-rotated].to(turned.dtype).expand(*turned.shape[:-1], -1),
-                    turned,
-                ),
-                -1,
-            )
-        turned = rotate_pairs(x[..., :rotated], cos, sin, layout)
-        return torch.cat(
-            (turned, x[..., rotated:].to(turned.dtype).expand(*turned.shape[:-1], -1)),
-            -1,
-        )
-    x1, x2 = _pairs(x, layout)
-    if torch.compiler.is_compiling() or (
-        torch.is_grad_enabled()
-        and (x.requires_grad or cos.requires_grad or sin.requires_grad)
-    ):
-        first, second = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-        return (
-            torch.cat((first, second), -1)
-            if layout == "half"
-            else torch.stack((first, second), -1).flatten(-2)
-        )
-    shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)
-    out = torch.empty(
-        shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device
-    )
-    o1, o2 = _pairs(out, layout)
-    scratch = torch.mul(x2, sin)
-    torch.mul(x1, cos, out=o1).sub_(scratch)
-    torch.mul(x1, sin, out=scratch)
-    torch.mul(x2, cos, out=o2).add_(scratch)
-    return out
-
-
-ROTATED_PARTS = ("first", "last")
-
-
 def apply_rope(
     x: torch.Tensor,
     positions,
@@ -249,17 +144,49 @@ def apply_rope(
 ) -> torch.Tensor:
     """Rotate each pair of dimensions of x by the angle position * theta_i.
 
-    x is `(..., seq_len, head_dim)`; positions is `(seq_len,)`, `(batch, seq_len)` for x
-    of shape (batch, heads, seq_len, head_dim), or broadcastable to `x.shape[:-1]`
-    (integers, or real numbers for interpolated positions). `layout="half"` pairs
-    dimension i with i + head_dim/2; `"interleaved"` pairs 2i with 2i + 1. Angles and
-    their cos and sin are formed in float32 (float64 for float64 inputs), then cast to
-    x's dtype, in which the rotation runs; cos and sin are multiplied by
-    `attention_factor`. With `partial_rotary_factor` < 1 only the first
-    int(head_dim * factor) dimensions rotate (paired within them, in either layout)
-    and the rest pass through; inv_freq then has half that length (rope_frequencies
-    with the same factor).
-    `rotated_part="last"` rotates the last int(head_dim * factor) dimensions instead.
+    Angles and their cos and sin are formed in float32 (float64 for float64 inputs),
+    then cast to x's dtype, in which the rotation runs (posenc.qk.rotation).
+
+    Args:
+        x: queries or keys, (..., seq_len, head_dim), head_dim even.
+        positions: (seq_len,), (batch, seq_len) for x of shape
+            (batch, heads, seq_len, head_dim), or broadcastable to x.shape[:-1];
+            integers, or real numbers for interpolated positions.
+        inv_freq: the frequencies theta_i, (rotated/2,) (`rope_frequencies`).
+        layout: ``"half"`` pairs dimension i with i + head_dim/2, ``"interleaved"``
+            pairs 2i with 2i + 1 (`LAYOUTS`).
+        attention_factor: multiplies cos and sin (YaRN's temperature).
+        partial_rotary_factor: below 1, only the first int(head_dim * factor)
+            dimensions rotate (paired within them, in either layout) and the rest pass
+            through; inv_freq then has half that length (rope_frequencies with the
+            same factor).
+        rotated_part: ``"first"``, or ``"last"`` to rotate the last
+            int(head_dim * factor) dimensions instead (DeepSeek's [nope | rope]).
+
+    Returns:
+        The rotated x, its shape broadcast with the positions', in x's dtype.
+
+    Raises:
+        ValueError: x is not (..., seq_len, head_dim) with head_dim even; inv_freq's
+            length does not fit the rotated width; the positions do not broadcast;
+            `layout` or `rotated_part` is unknown; `attention_factor` <= 0.
+        TypeError: positions are not numbers (booleans, say).
+
+    Example:
+        >>> import torch, posenc
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k = torch.randn(2, 1, 2, 5, 8, generator=g)
+        >>> inv_freq, _ = posenc.rope_frequencies(head_dim=8)
+        >>> rq = posenc.apply_rope(q, torch.arange(5), inv_freq)
+        >>> rk = posenc.apply_rope(k, torch.arange(5), inv_freq)
+        >>> rq.shape
+        torch.Size([1, 2, 5, 8])
+        >>> torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))  # rotations
+        >>> later = torch.arange(5) + 100  # the logits see only m - n
+        >>> scores = posenc.apply_rope(q, later, inv_freq) @ posenc.apply_rope(
+        ...     k, later, inv_freq
+        ... ).mT
+        >>> torch.testing.assert_close(scores, rq @ rk.mT)
     """
     _check_x(x)
     choice("layout", layout, LAYOUTS)
@@ -287,12 +214,45 @@ def apply_rope(
 class Rope(Scheme):
     """Rotary position embedding applied to queries and keys (Su et al., RoFormer).
 
-    `rope_type` and its parameters select a frequency schedule (see rope_frequencies);
-    `numerics="transformers"` reproduces transformers' float32 frequencies bit for bit;
-    `partial_rotary_factor` < 1 rotates only part of each head: the first dimensions, or
-    with `rotated_part="last"` the last ones (DeepSeek's MLA heads, [nope | rope]).
-    For positions 0..L-1 (what posenc.attention passes in the default layout) cos and
-    sin come from a table kept per (length, device, dtype).
+    The query/key hook: `transform_qk` rotates queries and keys as `apply_rope` does,
+    with the frequencies of `rope_frequencies`. For positions 0..L-1 (what
+    posenc.attention passes in the default layout) cos and sin come from a table kept
+    per (length, device, dtype). Registered as ``"rope"``.
+
+    Args:
+        head_dim: the width of a head, even.
+        base: b in theta_i = b^(-2i/d).
+        layout: ``"half"`` or ``"interleaved"`` (`LAYOUTS`).
+        rope_type: the frequency schedule, a key of `ROPE_TYPES`.
+        numerics: ``"transformers"`` reproduces transformers' float32 frequencies bit
+            for bit; ``"float64"`` rounds the formula once.
+        rotated_part: with ``partial_rotary_factor`` < 1, the ``"first"`` or the
+            ``"last"`` dimensions of each head rotate (DeepSeek's MLA: [nope | rope]).
+        **rope_params: the schedule's parameters as in Hugging Face's RoPE configs
+            (``factor``, ``original_max_position_embeddings``, ...), and
+            ``partial_rotary_factor``.
+
+    Raises:
+        ValueError: `layout`, `rotated_part`, `rope_type` or `numerics` is unknown,
+            `head_dim` is odd, or a parameter is missing or out of range.
+        TypeError: the schedule does not take one of `rope_params`, or an argument
+            is not a number.
+
+    Example:
+        >>> import torch, posenc
+        >>> rope = posenc.Rope(head_dim=8)
+        >>> rope.hook, rope.inv_freq.shape
+        ('qk', torch.Size([4]))
+        >>> x = torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(0))
+        >>> rotated = rope.transform_qk(x, torch.arange(5))
+        >>> torch.testing.assert_close(
+        ...     rotated, posenc.apply_rope(x, torch.arange(5), rope.inv_freq)
+        ... )
+        >>> posenc.Rope(8, rope_type="linear", factor=2.0)
+        Rope(head_dim=8, base=10000, layout='half', rope_type='linear', factor=2.0)
+        >>> mla = posenc.Rope(8, partial_rotary_factor=0.5, rotated_part="last")
+        >>> torch.equal(mla.transform_qk(x, range(5))[..., :4], x[..., :4])
+        True
     """
 
     name = "rope"
@@ -333,7 +293,28 @@ class Rope(Scheme):
     def frequencies_for(self, positions) -> torch.Tensor:
         """The inverse frequencies used for these positions.
 
-        They depend on the positions only for dynamic NTK and LongRoPE.
+        They depend on the positions only for dynamic NTK and LongRoPE (without a fixed
+        ``seq_len``), whose frequencies follow the largest position plus one.
+
+        Args:
+            positions: a range, or a tensor or sequence of positions of any shape.
+
+        Returns:
+            The frequencies, float32 (rotated/2,); `inv_freq` for the other schedules.
+
+        Raises:
+            TypeError: positions are not numbers (for the schedules that read them).
+
+        Example:
+            >>> import torch, posenc
+            >>> rope = posenc.Rope(
+            ...     8, rope_type="dynamic", factor=2.0, max_position_embeddings=16
+            ... )
+            >>> torch.equal(rope.frequencies_for(range(16)), rope.inv_freq)
+            True
+            >>> longer = rope.frequencies_for(range(64))  # past 16: a larger base
+            >>> bool((longer[1:] < rope.inv_freq[1:]).all())
+            True
         """
         if not self.follows_length:
             return self.inv_freq
@@ -354,6 +335,29 @@ class Rope(Scheme):
         token builds a new one only when the length doubles (each entry is formed
         elementwise: a slice of a longer table is bit-identical). Dynamic NTK and
         LongRoPE take the frequencies of the range's length, one table per length.
+
+        Args:
+            positions: a range (step 1), (seq_len,), or (batch, seq_len) for `like` of
+                shape (batch, heads, seq_len, head_dim).
+            like: a tensor (..., seq_len, head_dim) whose dtype and device they take.
+
+        Returns:
+            ``(cos, sin)``, each (..., seq_len, rotated/2) (the positions' shape, made
+            to broadcast against like.shape[:-1]), times the attention factor.
+
+        Raises:
+            ValueError: like's last dimension is not `head_dim`, or the positions do
+                not broadcast against it.
+
+        Example:
+            >>> import torch, posenc
+            >>> rope = posenc.Rope(head_dim=8)
+            >>> like = torch.zeros(1, 2, 5, 8, dtype=torch.bfloat16)
+            >>> cos, sin = rope.cos_sin(range(5), like)
+            >>> cos.shape, cos.dtype
+            (torch.Size([5, 4]), torch.bfloat16)
+            >>> torch.equal(cos, rope.cos_sin(torch.arange(5), like)[0])
+            True
         """
         same_last_dim("x", like, self.head_dim, f"Rope(head_dim={self.head_dim})")
         factor = self.attention_factor

@@ -11,14 +11,8 @@ from __future__ import annotations
 import torch
 
 from .._checks import as_positions, choice, positive_float, same_last_dim
-from .rope import (
-    LAYOUTS,
-    ROTATED_PARTS,
-    _check_x,
-    rope_angles,
-    rotary_dim,
-    rotate_pairs,
-)
+from .rope import LAYOUTS
+from .rotation import ROTATED_PARTS, _check_x, rope_angles, rotary_dim, rotate_pairs
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

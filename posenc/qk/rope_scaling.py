@@ -355,7 +355,11 @@ def proportional(
     return inv_freq / positive_float("factor", factor), 1.0
 
 
-# rope_type -> function(head_dim, base, dtype, **params) -> (inv_freq, attention_factor)
+#: The frequency schedules, ``{rope_type: function}``, that `rope_frequencies` and
+#: `Rope` look up: Hugging Face's `rope_type` names (``"default"``, ``"linear"``,
+#: ``"dynamic"``, ``"yarn"``, ``"longrope"``, ``"llama3"``, ``"proportional"``) and the
+#: static ``"ntk"``. Each function takes ``(head_dim, base, dtype, **params)`` and
+#: returns ``(inv_freq, attention_factor)``; `rope_parameters` lists its parameters.
 ROPE_TYPES = {
     "default": default,
     "linear": linear,
@@ -376,25 +380,3 @@ def rope_parameters(rope_type: str) -> dict[str, object]:
     choice("rope_type", rope_type, tuple(ROPE_TYPES))
     params = list(inspect.signature(ROPE_TYPES[rope_type]).parameters.values())[3:]
     return {p.name: p.default for p in params}
-
-
-def rotary_dim(head_dim: int, partial_rotary_factor: float = 1.0) -> int:
-    """How many dimensions of each head rotate: int(head_dim * partial_rotary_factor).
-
-    That is Hugging Face's rule; the result must be even.
-    """
-    positive_int("head_dim", head_dim, even=PAIRS)
-    factor = positive_float("partial_rotary_factor", partial_rotary_factor)
-    if factor > 1.0:
-        raise ValueError(
-            "partial_rotary_factor must be in (0, 1] (the fraction of each head that "
-            f"rotates), got {factor}"
-        )
-    rotated = int(head_dim * factor)
-    if rotated < 2 or rotated % 2:
-        raise ValueError(
-            f"partial_rotary_factor={factor} rotates int({head_dim} * {factor}) = "
-            f"{rotated} dimensions of each head: it must be an even number >= 2 "
-            f"({PAIRS})"
-        )
-    return rotated

@@ -1,9 +1,10 @@
 """xPos (Sun et al., 2022): RoPE whose rotation also scales, so logits decay.
 
-Queries are scaled up and keys down. Pair i of a query at position m is rotated by
-m theta_i and multiplied by zeta_i^(m / scale_base); pair i of a key at position n is
-rotated by n theta_i and multiplied by zeta_i^(-n / scale_base), with
-zeta_i = (2i / d + gamma) / (1 + gamma) < 1.
+Pair i of a query at position m is rotated by m theta_i and multiplied by
+zeta_i^(m / scale_base); pair i of a key at position n is rotated by n theta_i and
+multiplied by the inverse factor zeta_i^(-n / scale_base) (torchscale's `downscale`),
+with zeta_i = (2i / d + gamma) / (1 + gamma) < 1: at positions > 0 queries shrink and
+keys grow.
 In their dot product the factors meet as zeta_i^((m - n) / scale_base): the logit still
 depends on m - n only (RoPE's relative property), and for a query after its key
 (m > n, a causal decoder) every pair is damped more the farther apart they are,
@@ -25,15 +26,8 @@ from .._checks import (
     same_last_dim,
 )
 from ..scheme import Scheme, register
-from .rope import (
-    LAYOUTS,
-    _angle_dtype,
-    _broadcastable,
-    _check_x,
-    rope_angles,
-    rope_frequencies,
-    rotate_pairs,
-)
+from .rope import LAYOUTS, rope_frequencies
+from .rotation import _angle_dtype, _broadcastable, _check_x, rope_angles, rotate_pairs
 
 
 def xpos_zeta(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
@@ -52,14 +46,42 @@ def xpos_zeta(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
 class XPos(Scheme):
     """xPos as a query/key scheme: RoPE times zeta^(position / scale_base).
 
-    The scale is inverted for keys.
-
+    The scale is inverted for keys (`transform_k`), so a logit is RoPE's times
+    zeta_i^((m - n) / scale_base) per pair, a function of m - n only.
     Only a query after its key is damped (m > n); for a key after its query the same
     factor grows, so xPos is meant for causal attention, as in the paper. The scales
     are exp((n / scale_base) ln zeta_i), formed with the angles in float32 (float64 for
     float64 inputs); a key far from 0 gets a huge factor and its query a tiny one, so
     positions are checked against the range of the dtype: shift queries and keys by
     the same offset to stay inside it (the logits depend only on the difference).
+    Registered as ``"xpos"``.
+
+    Args:
+        head_dim: the width of a head, even.
+        base: RoPE's base.
+        scale_base: positions per power of zeta (torchscale's 512).
+        gamma: zeta_i = (2i / head_dim + gamma) / (1 + gamma).
+        layout: ``"half"`` or ``"interleaved"`` (`LAYOUTS`).
+
+    Raises:
+        ValueError: `head_dim` is odd, `layout` is unknown, `scale_base` or `gamma`
+            is not positive; on use, positions so far from 0 that a scale leaves the
+            dtype's range.
+        TypeError: `head_dim` is not an integer, or another argument not a number.
+
+    Example:
+        >>> import torch, posenc
+        >>> xpos = posenc.XPos(head_dim=8)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k = torch.randn(2, 1, 1, 4, 8, generator=g)
+        >>> def logits(p):
+        ...     return xpos.transform_qk(q, p) @ xpos.transform_k(k, p).mT
+        >>> near, far = torch.arange(4), torch.arange(4) + 100
+        >>> torch.testing.assert_close(logits(far), logits(near))  # only m - n counts
+        >>> xpos.transform_qk(q, near + 100_000)
+        Traceback (most recent call last):
+        ...
+        ValueError: positions up to 100003 are too far from 0 for xPos in ...
     """
 
     name = "xpos"

@@ -75,6 +75,33 @@ def sliding_window(window: int, num_sinks: int = 0) -> Mask:
     such as left padding's) stay visible to every later query as well (the attention
     sinks of StreamingLLM, Xiao et al., 2024). A window of W keys includes the query
     (Hugging Face's convention): window=1 sees only itself.
+
+    Args:
+        window: W, the keys each query sees, itself included.
+        num_sinks: the first positions every later query sees as well, at most W.
+
+    Returns:
+        A `Mask` whose ``window`` and ``num_sinks`` a KV cache reads to roll.
+
+    Raises:
+        TypeError: `window` or `num_sinks` is not an integer.
+        ValueError: `window` < 1, `num_sinks` < 0, or `num_sinks` > `window`.
+
+    Example:
+        >>> from posenc.score.masks import mask_matrix, sliding_window
+        >>> mask_matrix(sliding_window(3), range(5), range(5)).int().tolist()
+        [[1, 0, 0, 0, 0],
+         [1, 1, 0, 0, 0],
+         [1, 1, 1, 0, 0],
+         [0, 1, 1, 1, 0],
+         [0, 0, 1, 1, 1]]
+        >>> with_sink = sliding_window(2, num_sinks=1)
+        >>> mask_matrix(with_sink, range(5), range(5)).int().tolist()
+        [[1, 0, 0, 0, 0],
+         [1, 1, 0, 0, 0],
+         [1, 1, 1, 0, 0],
+         [1, 0, 1, 1, 0],
+         [1, 0, 0, 1, 1]]
     """
     positive_int("window", window)
     if non_negative_int("num_sinks", num_sinks) > window:
@@ -100,6 +127,25 @@ def chunked(chunk_size: int) -> Mask:
     A key is visible when q_pos // chunk_size == k_pos // chunk_size. Chunks start at
     position 0, so left padding (negative positions) falls in chunks of its own. Under
     a causal mask this is Llama 4's chunked attention (attention_chunk_size).
+
+    Args:
+        chunk_size: C, the positions in a chunk.
+
+    Returns:
+        A `Mask`; use it with `Masked` (or posenc.Layer).
+
+    Raises:
+        TypeError: `chunk_size` is not an integer.
+        ValueError: `chunk_size` < 1.
+
+    Example:
+        >>> from posenc.score.masks import chunked, mask_matrix
+        >>> mask_matrix(chunked(2), range(5), range(5)).int().tolist()
+        [[1, 1, 0, 0, 0],
+         [1, 1, 0, 0, 0],
+         [0, 0, 1, 1, 0],
+         [0, 0, 1, 1, 0],
+         [0, 0, 0, 0, 1]]
     """
     positive_int("chunk_size", chunk_size)
 
@@ -114,11 +160,30 @@ def chunked(chunk_size: int) -> Mask:
 def bidirectional_window(radius: int) -> Mask:
     """The keys at most `radius` positions away on either side (2 radius + 1 keys).
 
-    A key is visible when |q_pos - k_pos| <= radius.
+    A key is visible when `|q_pos - k_pos| <= radius`.
 
     Hugging Face's bidirectional sliding window (`sliding_window` = radius);
     ModernBERT's local_attention = 128 is radius 64. For an encoder (causal=False);
     under a causal mask it is the causal window of radius + 1 keys.
+
+    Args:
+        radius: R, the farthest visible distance on either side; 0 sees only itself.
+
+    Returns:
+        A `Mask`; use it with `Masked` (or posenc.Layer).
+
+    Raises:
+        TypeError: `radius` is not an integer.
+        ValueError: `radius` < 0.
+
+    Example:
+        >>> from posenc.score.masks import bidirectional_window, mask_matrix
+        >>> mask_matrix(bidirectional_window(1), range(5), range(5)).int().tolist()
+        [[1, 1, 0, 0, 0],
+         [1, 1, 1, 0, 0],
+         [0, 1, 1, 1, 0],
+         [0, 0, 1, 1, 1],
+         [0, 0, 0, 1, 1]]
     """
     non_negative_int("radius", radius)
 
@@ -232,10 +297,35 @@ class Masked(Layer):
 
     `Masked(chunked(8192), Rope(128))` is Llama 4's local layer.
 
-    The mask is one of this module's `Mask`s; the inner scheme keeps its own hook. A
+    The mask is a `Mask` of this module; the inner scheme keeps its own hook. A
     mask that lets queries see later keys (prefix_lm, causal_with_blocks) runs with
     causal=False, and posenc.attention refuses causal=True for it. It is the
     posenc.layer.Layer with a mask and nothing else.
+
+    Args:
+        mask: a `Mask` (`sliding_window`, `chunked`, `bidirectional_window`,
+            `prefix_lm`, `causal_with_blocks`).
+        inner: the scheme whose hook the layer keeps; None for NoPE.
+
+    Raises:
+        TypeError: `mask` is not a Mask (a bare mask_mod function, say), or `inner`
+            is not a Scheme.
+        ValueError: `inner` is itself masked (combine the masks into one).
+
+    Example:
+        >>> import torch, posenc
+        >>> from posenc.score.masks import Masked, chunked
+        >>> local = Masked(chunked(3), posenc.Rope(head_dim=8))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 6, 8, generator=g)
+        >>> _, weights = posenc.attention(q, k, v, local, return_weights=True)
+        >>> weights[0, 0].gt(0).int().tolist()  # causal inside chunks of 3
+        [[1, 0, 0, 0, 0, 0],
+         [1, 1, 0, 0, 0, 0],
+         [1, 1, 1, 0, 0, 0],
+         [0, 0, 0, 1, 0, 0],
+         [0, 0, 0, 1, 1, 0],
+         [0, 0, 0, 1, 1, 1]]
     """
 
     name = "masked"
@@ -265,6 +355,32 @@ class SlidingWindow(Masked):
     The window is a mask on the scores; the inner scheme (NoPE, RoPE, ALiBi, ...)
     keeps its own hook, so `SlidingWindow(4096, Rope(128))` is Mistral-style attention.
     `num_sinks` keeps the first positions visible to every query (StreamingLLM).
+    A `KVCache` for it rolls, keeping only the last `window` keys (and the sinks).
+    Registered as ``"sliding_window"``.
+
+    Args:
+        window (int): W, the keys each query sees, itself included.
+        inner: the scheme whose hook the layer keeps; None for NoPE.
+        num_sinks: the first positions every later query sees as well, at most W.
+
+    Raises:
+        TypeError: `window` or `num_sinks` is not an integer, or `inner` is not a
+            Scheme.
+        ValueError: `window` < 1, `num_sinks` < 0 or > `window`, or `inner` is
+            itself masked.
+
+    Example:
+        >>> import torch, posenc
+        >>> mistral = posenc.SlidingWindow(3, posenc.Rope(head_dim=8))
+        >>> mistral.hook, mistral.window, mistral.num_sinks
+        ('score', 3, 0)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 6, 8, generator=g)
+        >>> out, weights = posenc.attention(q, k, v, mistral, return_weights=True)
+        >>> weights[0, 0, 5].gt(0).tolist()  # the last query sees keys 3, 4, 5
+        [False, False, False, True, True, True]
+        >>> sdpa = posenc.attention(q, k, v, mistral, backend="sdpa")
+        >>> torch.testing.assert_close(sdpa, out)
     """
 
     name = "sliding_window"

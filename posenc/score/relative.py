@@ -204,6 +204,39 @@ class ShawRelative(Scheme):
     term needs the weights, so only the explicit backend runs it, by `method`: the
     naive (q_len, k_len, head_dim) construction or the memory-efficient scatter.
     `method` concerns the value term only: the key term is always query_score_mod.
+    The tables are parameters (`key_table`, `value_table`), one pair per layer.
+    Registered as ``"shaw"``.
+
+    Args:
+        head_dim: the width of a head (of queries, keys and values).
+        max_distance: k, the largest distance with a row of its own; keys farther
+            away share the edge rows.
+        values: also learn the value table (explicit backend only).
+        method: ``"gather"`` or ``"naive"``, how the value term is computed.
+        init_std: the standard deviation of the tables' normal initialisation.
+
+    Raises:
+        TypeError: `head_dim` or `max_distance` is not an integer.
+        ValueError: `head_dim` or `max_distance` < 1, `method` is unknown, or
+            `init_std` <= 0; on use, a backend other than ``"explicit"`` with
+            ``values=True``.
+
+    Example:
+        >>> import torch, posenc
+        >>> shaw = posenc.ShawRelative(head_dim=8, max_distance=2)
+        >>> shaw.key_table.shape, shaw.value_table.shape  # 2k + 1 rows
+        (torch.Size([5, 8]), torch.Size([5, 8]))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 2, 6, 8, generator=g)
+        >>> posenc.attention(q, k, v, shaw).shape
+        torch.Size([1, 2, 6, 8])
+        >>> posenc.attention(q, k, v, shaw, backend="sdpa")
+        Traceback (most recent call last):
+        ...
+        ValueError: scheme 'shaw' adds a value term computed from the attention ...
+        >>> keys_only = posenc.ShawRelative(8, max_distance=2, values=False)
+        >>> sdpa = posenc.attention(q, k, v, keys_only, backend="sdpa")
+        >>> torch.testing.assert_close(sdpa, posenc.attention(q, k, v, keys_only))
     """
 
     name = "shaw"
