@@ -1,9 +1,11 @@
 """The query/key hook: a position-dependent rotation of queries and keys.
 
-The rotation happens before their dot product. RoPE and its frequency schedules
-(rope, rope_scaling), xPos (xpos), RoPE over several position axes for images and
-video: axial 2-D RoPE (rescaled per axis), Pixtral's 2-D RoPE and Qwen2-VL's M-RoPE
-(axial), and where image and video tokens sit in a sequence (vl_positions).
+The rotation happens before their dot product. RoPE (rope: the scheme; rotation: the
+angles and the rotation of pairs; rope_scaling: the frequency schedules; rope_forms: the
+same rotation written other ways), xPos (xpos), RoPE over several position axes for
+images and video (multi_axis: what they share; axial: axial 2-D RoPE rescaled per axis
+and Pixtral's 2-D RoPE; mrope: Qwen2-VL's M-RoPE), and where image and video tokens sit
+in a sequence (vl_positions).
 """
 
 from .axial import (
