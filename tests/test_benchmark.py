@@ -20,6 +20,7 @@ from posenc.study import bench_paths, runinfo
 TINY = bench.PRESETS["tiny"]
 CPU = torch.device("cpu")
 ATTENTION = [(scheme, path) for scheme, paths in bench.SCHEME_PATHS.items() for path in paths]
+ON_A_CPU = [(s, p) for s, p in ATTENTION if p not in bench.SDPA_BACKEND_PATHS]  # forced backends: GPU only
 FLEX = ("flex", "flex_uncompiled")
 NO_CPU_BACKWARD = "FlexAttention has no backward pass on the CPU"
 
@@ -33,7 +34,7 @@ def tiny_run(tmp_path_factory):
 
 def expected_skip(row) -> str | None:
     """The reasons the tiny preset may skip a row on a CPU; None where it must run."""
-    if row["path"] in ("hf_eager", "flex"):
+    if row["path"] in ("hf_eager", "flex", "flex_direct"):
         return "left out of the tiny preset"
     if row["path"] in FLEX and row["pass"] == bench.BACKWARD and not torch.cuda.is_available():
         return NO_CPU_BACKWARD
@@ -47,9 +48,10 @@ def test_every_planned_measurement_has_one_row(tiny_run):
     planned = {(t.scheme, t.path, t.pass_, t.seq_len, t.batch, t.dtype_name or "float32") for t in bench.plan("tiny")}
     assert planned | {("matmul", "mm", bench.FORWARD, TINY.matmul_size, 1, "float32")} == set(keys)
     for length in TINY.lengths:
-        for scheme, path in ATTENTION:
+        for scheme, path in ON_A_CPU:
             for pass_ in bench.PASSES:
                 assert (scheme, path, pass_, length, TINY.batch, "float32") in planned
+        assert not any(p in bench.SDPA_BACKEND_PATHS for _, p, *_ in planned)  # one SDPA kernel on a CPU
         assert ("rope", "posenc", bench.FORWARD, length, TINY.batch, "bfloat16") in planned
 
 
@@ -66,11 +68,16 @@ def test_each_path_runs_and_agrees_with_the_explicit_path(tiny_run):
         assert row["check_seq_len"] == row["seq_len"]
         assert row["max_abs_err"] <= bench_paths.TOLERANCE[getattr(torch, row["dtype"])], row
         assert row["q25_ms"] <= row["median_ms"] <= row["q75_ms"] and row["repeats"] == TINY.repeats
+        assert row["min_ms"] <= row["median_ms"] and row["calls"] >= 1 and row["host_ms"] > 0
+        assert row["faults_per_call"] >= 0 and row["cpu_share"] > 0  # what the OS says of each sample
+        # each ratio is to its group's baseline: the preallocated copy for RoPE, causal SDPA for attention
+        assert row["baseline"] == ("preallocated" if row["scheme"] in ("copy", "rope") else "sdpa_causal"), row
         assert row["reason"] == "", row
         if row["path"] in FLEX or row["path"] == "posenc_compiled":  # no dispatch mode around compiled code: the resident peak
             assert row["memory_counter"] == "process_rss" and row["peak_mem_bytes"] >= 0, row
         else:
-            assert row["memory_counter"] == "tensors" and row["peak_mem_bytes"] > 0, row
+            assert row["memory_counter"] == "tensors" and row["peak_mem_bytes"] > 0 or row["path"] == "preallocated", row
+            assert row["path"] != "preallocated" or row["peak_mem_bytes"] == 0  # it writes into a buffer made once
 
 
 def test_skipped_rows_carry_reasons(tiny_run):
@@ -93,7 +100,7 @@ def test_the_csv_is_tidy(tiny_run):
     records = [dict(zip(header, line)) for line in lines]
     for r in records:
         assert r["preset"] == "tiny" and r["status"] in ("ok", "skipped")
-        assert r["pass"] in bench.PASSES and r["dtype"] in ("float32", "bfloat16") and (r["dtype"] == "float32" or r["scheme"] == "rope")
+        assert r["pass"] in bench.PASSES and r["dtype"] in ("float32", "bfloat16") and (r["dtype"] == "float32" or r["scheme"] in ("rope", "copy"))
         for column in ("seq_len", "batch", "heads", "head_dim"):
             assert int(r[column]) > 0
         for column in ("median_ms", "q25_ms", "q75_ms", "peak_mem_bytes", "flops", "bytes_moved", "max_abs_err"):
@@ -102,7 +109,7 @@ def test_the_csv_is_tidy(tiny_run):
 
 
 def test_the_metadata_is_complete(tiny_run):
-    _, meta, out = tiny_run
+    rows, meta, out = tiny_run
     _, json_path = bench.result_paths(out, "tiny")
     assert json.loads(json_path.read_text()) == meta
     for key in ("preset", "config", "device", "dtype", "versions", "git", "date", "threads", "platform", "timer", "memory", "baseline", "block_fractions", "elapsed_s"):
@@ -117,8 +124,13 @@ def test_the_metadata_is_complete(tiny_run):
     assert commit is None or (len(commit) == 40 and int(commit, 16) >= 0)
     assert meta["package_sha256"] == runinfo.source_sha256() and len(meta["package_sha256"]) == 64  # the code that made it, without git
     assert meta["benchmarked_sha256"] == runinfo.benchmarked_sha256() != runinfo.source_sha256()  # the part a benchmark measures
-    assert meta["timer"] == "time.perf_counter" and meta["baseline"] == {"scheme": "nope", "path": "sdpa_causal", "through": "posenc.attention, backend='sdpa'"}
-    assert meta["budget"]["time_budget_s"] == TINY.time_budget_s and meta["baseline_backend"] == ["default"]
+    assert meta["timer"].startswith("time.perf_counter") and meta["baseline"]["paths"] == ["sdpa_causal"]
+    assert meta["baseline"]["operations"] == "copy/preallocated" and meta["format"] == bench.FORMAT
+    assert meta["budget"]["time_budget_s"] == TINY.time_budget_s and meta["baseline_backend"] == ["sdpa_causal"]
+    assert meta["complete"] is True and meta["allocator"] is None  # the tiny preset leaves glibc as it is
+    timed = [r for r in rows if r["status"] == "ok" and r["scheme"] != "matmul"]
+    assert {bench.sample_key(r) for r in timed} == set(meta["samples_ms"])  # every sample kept
+    assert all(len(meta["samples_ms"][bench.sample_key(r)]) == r["repeats"] for r in timed)
     assert bench.read_metadata(out, "tiny") == meta and bench.read_metadata(out, "no-such-preset") is None
 
 
@@ -134,11 +146,11 @@ def test_a_path_that_disagrees_is_skipped_by_its_check(monkeypatch):
     task = bench.Task("alibi", "sdpa", bench.FORWARD, 64, 1)
     with pytest.raises(bench_paths.SkipPath, match="check failed"):
         runner.check(task, 64)
-    row = bench.execute(runner, task, lambda t, length: True)
+    row = bench.execute(runner, task)
     assert row["status"] == "skipped" and row["reason"].startswith("check failed")
 
 
-@pytest.mark.parametrize("scheme,path", [(s, p) for s, p in ATTENTION if p != "flex"])
+@pytest.mark.parametrize("scheme,path", [(s, p) for s, p in ON_A_CPU if p not in ("flex", "flex_direct")])
 def test_each_path_matches_its_reference_forward_and_backward(scheme, path):
     runner = bench_paths.Runner(TINY, CPU, torch.float32)
     for pass_ in bench.PASSES:
@@ -160,7 +172,8 @@ def test_gpu_preset_configuration_and_plan():
         bench.plan(gpu)
     tasks = bench.plan(gpu, device_memory=80 * 2**30, dtype=torch.bfloat16)
     by_key = {(t.scheme, t.path, t.pass_, t.seq_len): t for t in tasks}
-    assert {t.batch for t in tasks if t.seq_len == 32768} == {1} and {t.batch for t in tasks if t.seq_len < 32768} == {gpu.batch}
+    assert {t.batch for t in tasks if t.seq_len == 32768} == {1}
+    assert all(t.batch == gpu.tokens // t.seq_len for t in tasks if t.seq_len < 32768)  # the same tokens per call
     for length in (*gpu.lengths, *gpu.long_lengths):
         for pass_ in bench.PASSES:
             assert by_key[("nope", "sdpa_causal", pass_, length)].skip is None  # the baseline runs at every length
@@ -181,7 +194,8 @@ def test_cpu_preset_states_its_threads_and_skips():
 
 def test_metadata_logic_without_a_gpu():
     info = runinfo.cuda_info(CPU)
-    assert set(info) == {"name", "capability", "total_memory_bytes", "cuda_runtime", "cuda_driver", "cudnn"}
+    assert {"name", "capability", "total_memory_bytes", "cuda_runtime", "cuda_driver", "cudnn", "triton", "clocks",
+            "shared_memory_per_block_optin", "multiprocessors", "l2_cache_bytes", "tf32_matmul"} == set(info)
     assert info["name"] is None and info["capability"] is None and info["cuda_driver"] is None
     meta = runinfo.run_metadata("gpu", bench.PRESETS["gpu"], CPU, torch.bfloat16)  # the gpu preset's metadata logic, run on a CPU
     assert meta["preset"] == "gpu" and meta["dtype"] == "bfloat16" and meta["config"]["long_lengths"] == [32768]
@@ -199,7 +213,7 @@ def test_command_line_writes_both_files(tmp_path):
     assert bench.main(["--preset", "tiny", "--schemes", "copy", "--out", str(tmp_path), "--quiet"]) == 0
     csv_path, json_path = bench.result_paths(tmp_path, "tiny")
     rows = list(csv.DictReader(csv_path.open()))
-    assert {(r["scheme"], r["path"]) for r in rows} == {("copy", "clone"), ("nope", "sdpa_causal"), ("matmul", "mm")}
+    assert {(r["scheme"], r["path"]) for r in rows} == {("copy", "preallocated"), ("copy", "clone"), ("nope", "sdpa_causal"), ("matmul", "mm")}
     assert json.loads(json_path.read_text())["schemes"] == ["copy"]
 
 
@@ -218,8 +232,18 @@ def test_hugging_face_rope_path_agrees_or_says_it_is_missing(monkeypatch):
     preset = dataclasses.replace(TINY, hf_rope=True)
     task = bench.Task("rope", "hf_eager", bench.FORWARD, 64, 1)
     pytest.importorskip("transformers")
-    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task, lambda t, length: True)
+    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task)
     assert row["status"] == "ok" and row["max_abs_err"] == 0.0, row  # the same cos and sin: bit-identical
     monkeypatch.setitem(sys.modules, "transformers.models.llama.modeling_llama", None)  # as if not installed
-    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task, lambda t, length: True)
+    row = bench.execute(bench_paths.Runner(preset, CPU, torch.float32), task)
     assert row["status"] == "skipped" and "transformers is not installed" in row["reason"]
+
+
+def test_runs_from_fresh_processes_are_merged_into_one_result(tmp_path):
+    assert bench.main(["--preset", "tiny", "--schemes", "copy", "--runs", "2", "--out", str(tmp_path), "--quiet"]) == 0
+    rows, meta = bench.read_run("tiny", tmp_path, only=True)
+    assert sorted({r["run"] for r in rows}) == [1, 2] and [r["run"] for r in meta["runs"]] == [1, 2]
+    assert meta["complete"] and all(key.split("/")[0] in ("1", "2") for key in meta["samples_ms"])
+    assert len({r["date"] for r in meta["runs"]}) == 2  # two processes, one after the other
+    per_run = [[(r["scheme"], r["path"], r["dtype"]) for r in rows if r["run"] == i] for i in (1, 2)]
+    assert per_run[0] == per_run[1]  # the same measurements in each run

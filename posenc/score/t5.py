@@ -69,8 +69,10 @@ def t5_relative_bucket(
 class T5Bias(Scheme):
     """One learned scalar per (bucket of relative position, head), added to the logits.
 
-    Raffel et al. (2020). The bucket is computed from the distance inside the kernel:
-    no (L, L) table is built on the fast path (compiled FlexAttention). T5 computes
+    Raffel et al. (2020). The bucket of every distance up to `max_distance` is computed
+    once (`buckets`; every distance beyond shares its direction's last bucket), and the
+    kernel reads it: no (L, L) table is built on the fast path (compiled
+    FlexAttention), and no logarithm is taken per score. T5 computes
     the bias once, in the first layer, and every layer reuses it. T5 also drops the
     1 / sqrt(head_dim) scaling (pass scale=1.0 to posenc.attention to match a T5
     checkpoint).
@@ -99,12 +101,15 @@ class T5Bias(Scheme):
         self.table = nn.Parameter(
             torch.randn(num_buckets, num_heads) * positive_float("init_std", init_std)
         )
+        # the bucket of k - q for k - q = -max_distance .. max_distance, computed once
+        near = torch.arange(-max_distance, max_distance + 1)
+        buckets = t5_relative_bucket(near, bidirectional, num_buckets, max_distance)
+        self.register_buffer("buckets", buckets, persistent=False)
 
     def score_mod(self, score, b, h, q_pos, k_pos):
-        bucket = t5_relative_bucket(
-            k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance
-        )
-        return score + self.table[bucket, h]
+        # distances beyond max_distance share the last bucket: clamped, then looked up
+        near = (k_pos - q_pos).clamp(-self.max_distance, self.max_distance)
+        return score + self.table[self.buckets[near + self.max_distance], h]
 
     def extra_repr(self) -> str:
         return (

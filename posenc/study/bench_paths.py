@@ -1,18 +1,26 @@
-"""The measured paths of posenc.study.benchmark: each built through posenc, checked against its reference, then timed.
+"""The measured paths of posenc.study.benchmark: each built through posenc, checked
+against its reference, then timed.
 
 Every attention path goes through `posenc.attention` (the package is what is measured):
-``explicit``, ``sdpa``, ``flex_uncompiled`` and ``flex`` (compiled) are its backends, and
-``sdpa_causal`` is the baseline, plain causal attention through `posenc.attention` (SDPA
-with is_causal=True), on a GPU on the fastest SDPA backend at each shape and pass. RoPE is
-timed as `posenc.Rope.transform_qk` on queries and keys (cached cos/sin), the same compiled,
-and Hugging Face's eager `apply_rotary_pos_emb` with cos/sin made once per forward as Llama
-makes them.
-Compiled calls are timed and measured with nothing intercepting them (no dispatch mode).
+``explicit``, ``sdpa``, ``flex_uncompiled`` and ``flex`` (compiled) are its backends,
+and ``sdpa_causal`` is the baseline, plain causal attention through `posenc.attention`
+(SDPA with is_causal=True); on a GPU ``sdpa_cudnn``, ``sdpa_flash`` and
+``sdpa_efficient`` are the same call forced onto one fused backend each, and the fastest
+of them is the baseline of its shape and pass. ``flex_direct`` calls the very kernel of
+``flex`` (posenc's compiled FlexAttention, with the score_mod and block mask posenc
+builds) without `posenc.attention`: the difference is posenc's host overhead. RoPE is
+timed as `posenc.Rope.transform_qk` on queries and keys (cached cos/sin), the same
+compiled, and Hugging Face's eager `apply_rotary_pos_emb` with cos/sin made once per
+forward as Llama makes them, beside a copy of the same bytes into a buffer made once
+(``preallocated``) and a ``clone``. Each path is checked at the shape it is timed at;
+where the explicit reference would not fit in memory there, it is computed a block of
+queries at a time (the same numbers). Compiled calls are timed and measured with nothing
+intercepting them (no dispatch mode).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import time
 from collections.abc import Callable
 
@@ -22,51 +30,67 @@ from ..core import attention
 from ..qk.rope import Rope
 from ..scheme import NoPE, Scheme
 from ..score import ALiBi, ShawRelative, SlidingWindow, T5Bias
+from ..score.t5 import t5_relative_bucket
 from .measure import (
-    cuda_peak_memory,
-    kept_memory,
     l2_flusher,
-    peak_memory,
-    peak_rss,
-    summarize,
-    time_call,
 )
 
 FORWARD, BACKWARD = "forward", "forward+backward"
+# SDPA's fused backends on a GPU, by path (torch.nn.attention.SDPBackend's names)
 BACKENDS = {
-    "cudnn": "CUDNN_ATTENTION",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-}  # causal SDPA backends on a GPU
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+}
 PASSES = (FORWARD, BACKWARD)
-COMPILED = ("flex", "posenc_compiled")
+COMPILED = ("flex", "flex_direct", "posenc_compiled")  # paths that run compiled code
 OPERATION_SCHEMES = ("copy", "rope")  # measured outside attention
 REFERENCE = {
     "shaw_values": "explicit_naive",
     "rope": "posenc",
     "copy": "clone",
 }  # the path each is checked against; else explicit
-# float32: atol = rtol; half precision: the norm-wise relative error ||got - reference|| / ||reference||
+# float32: atol = rtol; half precision: the norm-wise relative error ||got - reference||
+# / ||reference||
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+MIN_CHUNK = 64  # queries per block of a reference computed block by block, at least
 
 
 class SkipPath(Exception):
     """A path that cannot run here; the message is the reason recorded."""
 
 
+class ComputedT5(T5Bias):
+    """T5's bias with the bucket computed from the distance for every score (its former
+    score_mod).
+
+    The benchmark times it beside `T5Bias` to show what reading the bucket from a table
+    saves.
+    """
+
+    def score_mod(self, score, b, h, q_pos, k_pos):
+        bucket = t5_relative_bucket(
+            k_pos - q_pos, self.bidirectional, self.num_buckets, self.max_distance
+        )
+        return score + self.table[bucket, h]
+
+
 def measured_scheme(name: str, preset, method: str = "gather") -> Scheme:
-    """The scheme measured under `name`, with learned tables drawn from a fixed seed (large enough to matter in checks)."""
+    """The scheme measured under `name`, with learned tables drawn from a fixed seed
+    (large enough to matter in checks)."""
     torch.manual_seed(0)
+    t5 = dict(
+        num_heads=preset.heads,
+        num_buckets=preset.t5_buckets,
+        max_distance=preset.t5_max_distance,
+        bidirectional=False,
+        init_std=0.5,
+    )
     build = {
         "nope": lambda: NoPE(),
         "alibi": lambda: ALiBi(preset.heads),
-        "t5": lambda: T5Bias(
-            preset.heads,
-            preset.t5_buckets,
-            preset.t5_max_distance,
-            bidirectional=False,
-            init_std=0.5,
-        ),
+        "t5": lambda: T5Bias(**t5),
+        "t5_computed": lambda: ComputedT5(**t5),
         "shaw": lambda: ShawRelative(
             preset.head_dim, preset.shaw_max_distance, values=False, init_std=0.5
         ),
@@ -89,8 +113,22 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+def _backend_of(path: str) -> str:
+    """The posenc.attention backend a path runs on."""
+    if path.startswith("explicit"):
+        return "explicit"
+    if path in BACKENDS or path == "sdpa_causal":
+        return "sdpa"
+    return path
+
+
 class Runner:
-    """Runs tasks on one device: builds each path, checks it against its reference, times it, measures its memory."""
+    """Runs tasks on one device: builds each path, checks it against its reference,
+    times it, measures its memory.
+
+    `memory_limit` (bytes) bounds the explicit reference of a check: above it the
+    reference is computed a block of queries at a time.
+    """
 
     def __init__(
         self,
@@ -98,27 +136,31 @@ class Runner:
         device: torch.device,
         dtype: torch.dtype,
         log: Callable[[str], None] | None = None,
+        memory_limit: int | None = None,
     ):
         self.preset, self.device, self.dtype, self.log = preset, device, dtype, log
+        self.memory_limit = (
+            memory_limit if memory_limit is not None else preset.max_bytes
+        )
         self.start = time.perf_counter()
         self._inputs, self._schemes, self._references, self._compiled = {}, {}, {}, {}
         self._hf = self._flush = None
         self.first_call_s: dict[str, float] = {}
-        self.backends: dict[
-            tuple, str
-        ] = {}  # (length, batch, pass, dtype) -> the baseline's SDPA backend there
-        self.current_backend = "default"
+        # set by bench_run.run: the run's number, every sample, the block fractions
+        self.run_index, self.samples, self.fractions = 1, {}, None
+        self.reference_chunks: dict[str, int] = {}  # a check's key -> queries per block
 
     def inputs(
         self, length: int, batch: int, dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, ...]:
-        """q, k, v and the output gradient for a shape, the same for every path (seeded by the shape)."""
+        """q, k, v and the output gradient for a shape, the same for every path (seeded
+        by the shape)."""
         dtype = dtype or self.dtype
         key = (length, batch, dtype)
         if key not in self._inputs:
             gen = torch.Generator().manual_seed(1000 + 7 * batch + length)
             shape = (batch, self.preset.heads, length, self.preset.head_dim)
-            if len(self._inputs) >= 2:  # the shape measured and the one checked
+            if len(self._inputs) >= 2:  # the shape measured and one more
                 self._inputs.pop(next(iter(self._inputs)))
             self._inputs[key] = tuple(
                 torch.randn(shape, generator=gen).to(self.device, dtype)
@@ -135,43 +177,23 @@ class Runner:
         return self._schemes[(name, method)]
 
     def flush(self) -> Callable[[], None] | None:
-        """The L2 flush run before each timed call on a GPU (posenc.study.measure.l2_flusher); None on the CPU."""
+        """The L2 flush run before each timed call on a GPU
+        (posenc.study.measure.l2_flusher); None on the CPU."""
         if self._flush is None and self.device.type == "cuda":
             self._flush = l2_flusher(self.device, self.preset.l2_flush_bytes)
         return self._flush
 
-    # ----------------------------------------------------------------- the baseline
+    # ----------------------------------------------------------------- the baselines
 
-    def choose_backend(self, task) -> str:
-        """The fastest causal SDPA backend at this task's shape and pass, on a GPU (cuDNN, flash, efficient); 'default' elsewhere."""
-        if self.device.type != "cuda":
-            return "default"
-        key = (task.seq_len, task.batch, task.pass_, task.dtype)
-        if key not in self.backends:
-            timings = {}
-            for name in BACKENDS:
-                self.backends[key] = name
-                fn, _ = self.step(
-                    dataclasses.replace(task, scheme="nope", path="sdpa_causal"),
-                    task.seq_len,
-                )
-                try:
-                    timings[name] = summarize(time_call(fn, self.device, 1, 3))[0]
-                except (
-                    RuntimeError
-                ):  # this backend cannot run this shape, dtype or device
-                    continue
-            self.backends[key] = min(timings, key=timings.get) if timings else "default"
-        return self.backends[key]
-
-    def baseline_fn(self, backend: str) -> Callable:
-        """Plain causal attention through posenc.attention (SDPA with is_causal=True), on `backend` where it names one."""
+    def baseline_fn(self, path: str = "sdpa_causal") -> Callable:
+        """Plain causal attention through posenc.attention (SDPA with is_causal=True),
+        on one fused backend where `path` names one."""
         scheme = self.scheme("nope", "sdpa")
-        if backend not in BACKENDS:
+        if path not in BACKENDS:
             return lambda q, k, v: attention(q, k, v, scheme, backend="sdpa")
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        chosen = getattr(SDPBackend, BACKENDS[backend])
+        chosen = getattr(SDPBackend, BACKENDS[path])
 
         def fn(q, k, v):
             with sdpa_kernel(chosen):
@@ -182,28 +204,73 @@ class Runner:
     # ----------------------------------------------------------------- building a path
 
     def attention_fn(self, scheme_name: str, path: str) -> Callable:
-        """fn(q, k, v) -> output of the path (batch, heads, L, head_dim), through posenc.attention."""
-        if path == "sdpa_causal":
-            return self.baseline_fn(self.current_backend)
+        """fn(q, k, v) -> output of the path (batch, heads, L, head_dim), through
+        posenc.attention."""
+        if path == "sdpa_causal" or path in BACKENDS:
+            return self.baseline_fn(path)
+        if path == "flex_direct":
+            return self.direct_fn(scheme_name)
         scheme = self.scheme(scheme_name, path)
-        backend = "explicit" if path.startswith("explicit") else path
+        backend = _backend_of(path)
         return lambda q, k, v: attention(q, k, v, scheme, backend=backend)
+
+    def direct_fn(self, scheme_name: str) -> Callable:
+        """The kernel posenc.attention(backend="flex") runs, called directly.
+
+        posenc's compiled FlexAttention with the scheme's score_mod and the block mask
+        posenc builds for the shape, both made once: what is left of a flex call without
+        posenc.
+        """
+        from ..core import compiled_flex_attention, flex_kernel_options
+        from ..kernel import block_mask, index_score_mod
+        from ..positions import Positions
+
+        scheme, made = self.scheme(scheme_name, "flex"), {}
+        if scheme.hook not in ("none", "score"):
+            raise SkipPath(
+                f"{scheme_name} acts outside the scores: no direct flex call"
+            )
+
+        def fn(q, k, v):
+            key = (q.shape, q.device)
+            if key not in made:
+                positions = Positions.resolve(
+                    None, None, q.shape[2], k.shape[2], q.shape[0], q.device
+                )
+                options = flex_kernel_options(q.device)
+                made[key] = dict(
+                    score_mod=index_score_mod(scheme, positions, q),
+                    block_mask=block_mask(scheme, positions, True, q, k, None),
+                    scale=1.0 / math.sqrt(q.shape[-1]),
+                    **({} if options is None else {"kernel_options": options}),
+                )
+            return compiled_flex_attention()(q, k, v, **made[key])
+
+        return fn
 
     def step(
         self, task, length: int
-    ) -> tuple[Callable[[], object], Callable[[], list[torch.Tensor]]]:
-        """The measured call for a task at `length`, and a function returning what its check compares."""
+    ) -> tuple[
+        Callable[[], object], Callable[[], list[torch.Tensor]], Callable[[], None]
+    ]:
+        """The measured call for a task at `length`, a function returning what its check
+        compares, and one that drops what a call leaves behind (the last call's
+        gradients)."""
         q, k, v, grad_out = self.inputs(length, task.batch, task.dtype)
+        nothing = lambda: None  # noqa: E731
         if task.scheme == "copy":
-            qk = torch.stack((q, k))
-            return (lambda: qk.clone()), (lambda: [qk.clone()])
+            qk = torch.stack((q, k))  # the bytes RoPE reads, and writes once rotated
+            if task.path == "preallocated":
+                out = torch.empty_like(qk)
+                return (
+                    (lambda: out.copy_(qk)),
+                    (lambda: [out.copy_(qk).clone()]),
+                    nothing,
+                )
+            return (lambda: qk.clone()), (lambda: [qk.clone()]), nothing
         if task.scheme == "rope":
             fn = self.rope_fn(task.path, length, q)
-            return (lambda: fn(q, k)), (lambda: list(fn(q, k)))
-        if task.path == "sdpa_causal":
-            self.current_backend = self.backends.get(
-                (length, task.batch, task.pass_, task.dtype), "default"
-            )
+            return (lambda: fn(q, k)), (lambda: list(fn(q, k))), nothing
         fn = self.attention_fn(task.scheme, task.path)
         if task.pass_ == FORWARD:
 
@@ -211,11 +278,11 @@ class Runner:
                 with torch.no_grad():
                     return fn(q, k, v)
 
-            return forward, lambda: [forward()]
+            return forward, lambda: [forward()], nothing
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         params = (
             []
-            if task.path == "sdpa_causal"
+            if task.scheme == "nope"
             else [
                 p
                 for p in self.scheme(task.scheme, task.path).parameters()
@@ -223,9 +290,12 @@ class Runner:
             ]
         )
 
-        def forward_backward():
+        def reset():
             for t in leaves + params:
                 t.grad = None
+
+        def forward_backward():
+            reset()
             out = fn(*leaves)
             out.backward(grad_out)
             return out
@@ -234,7 +304,7 @@ class Runner:
             out = forward_backward()
             return [out.detach()] + [t.grad for t in leaves + params]
 
-        return forward_backward, results
+        return forward_backward, results, reset
 
     def rope_fn(self, path: str, length: int, like: torch.Tensor) -> Callable:
         rope = Rope(self.preset.head_dim, numerics="transformers").to(self.device)
@@ -274,112 +344,42 @@ class Runner:
                 )
             except ImportError as exc:
                 raise SkipPath(
-                    f"transformers is not installed here ({exc.__class__.__name__}: {exc})"
+                    f"transformers is not installed here ({exc.__class__.__name__}: "
+                    f"{exc})"
                 ) from None
             self._hf = apply_rotary_pos_emb
         return self._hf
 
-    # ----------------------------------------------------------------- checks
+    # ------------------------------------ checks and memory (posenc.study.bench_checks)
 
     def reference(self, task, length: int) -> list[torch.Tensor]:
-        ref_path = REFERENCE.get(task.scheme, "explicit")
-        key = (task.scheme, ref_path, task.pass_, length, task.batch, task.dtype)
-        if key not in self._references:
-            self._references = {
-                k: v
-                for k, v in self._references.items()
-                if k[3:] == (length, task.batch, task.dtype)
-            }
-            _, results = self.step(dataclasses.replace(task, path=ref_path), length)
-            self._references[key] = [t.detach().clone() for t in results()]
-        return self._references[key]
+        """The reference results a path is compared with (bench_checks.reference)."""
+        from .bench_checks import reference
 
-    def check(self, task, check_len: int) -> float:
-        """Compare the path with its reference (outputs, and gradients backward) at check_len; the max abs error."""
-        reference = self.reference(task, check_len)
-        _, results = self.step(task, check_len)
-        t0 = time.perf_counter()
-        got = results()
-        self.first_call_s[
-            f"{task.scheme}/{task.path}/{task.pass_}/{task.dtype_name}/{check_len}"
-        ] = round(time.perf_counter() - t0, 3)
-        if len(got) != len(reference):
-            raise SkipPath(
-                f"check failed: {len(got)} results against {len(reference)} from the reference"
-            )
-        dtype = task.dtype or self.dtype
-        tol, error = TOLERANCE[dtype], 0.0
-        for g, r in zip(got, reference):
-            if g is None:
-                raise SkipPath(
-                    "check failed: the path gives no gradient where the reference does"
-                )
-            g, r = g.float(), r.float()
-            error = max(error, float((g - r).abs().max()))
-            if task.scheme == "copy":
-                agrees = torch.equal(g, r)
-            elif dtype == torch.float32:
-                agrees = bool(torch.isclose(g, r, atol=tol, rtol=tol).all())
-            else:
-                agrees = float(torch.linalg.vector_norm(g - r)) <= tol * float(
-                    torch.linalg.vector_norm(r)
-                )
-            if not agrees:
-                raise SkipPath(
-                    f"check failed: differs from the reference by up to {error:.3g} (tolerance {tol:g})"
-                )
-        return error
+        return reference(self, task, length)
+
+    def check(self, task, check_len: int | None = None) -> float:
+        """The path against its reference (bench_checks.check); the max abs error."""
+        from .bench_checks import check
+
+        return check(self, task, check_len)
 
     def kept(self, task) -> int | None:
-        """Bytes a path keeps per shape after its first call (a dense mask or bias for SDPA), measured with fresh caches.
+        """Bytes a path keeps per shape (bench_checks.kept)."""
+        from .bench_checks import kept
 
-        None for FlexAttention (compiled: a fresh scheme would compile again; its block mask is small; uncompiled:
-        a dispatch mode cannot count it) and for the operations outside attention."""
-        if (
-            task.scheme in OPERATION_SCHEMES
-            or task.path in COMPILED
-            or task.path.startswith("flex")
-        ):
-            return None
-        from .. import kernel
+        return kept(self, task)
 
-        q, k, v, _ = self.inputs(task.seq_len, task.batch, task.dtype)
-        fresh = (
-            self.baseline_fn(self.current_backend)
-            if task.path == "sdpa_causal"
-            else None
-        )
-        if fresh is None:
-            scheme = measured_scheme(
-                task.scheme,
-                self.preset,
-                "naive" if task.path == "explicit_naive" else "gather",
-            ).to(self.device)
-            backend = "explicit" if task.path.startswith("explicit") else task.path
-            fresh = lambda q, k, v: attention(q, k, v, scheme, backend=backend)  # noqa: E731
-        saved = dict(kernel._MASKS)
-        kernel._MASKS.clear()  # the masks kept across schemes: as before this path's first call at this shape
-        try:
-            with torch.no_grad():
-                return kept_memory(fresh, q, k, v, device=self.device)
-        finally:
-            kernel._MASKS.clear()
-            kernel._MASKS.update(saved)
+    def memory(self, task, fn, reset=None) -> tuple[int | None, str]:
+        """Peak bytes of one call and their counter (bench_checks.memory)."""
+        from .bench_checks import memory
 
-    def memory(self, task, fn: Callable[[], object]) -> tuple[int | None, str]:
-        """Peak bytes of one call and how they were counted: CUDA's allocator, the process's resident peak, or tensors created."""
-        if self.device.type == "cuda":
-            return cuda_peak_memory(fn, device=self.device), "cuda_allocator"
-        if task.path in COMPILED or task.path.startswith("flex"):
-            try:  # compiled code and FlexAttention's operator are invisible to (and disturbed by) a dispatch mode
-                return peak_rss(fn), "process_rss"
-            except OSError:
-                return None, "none"
-        return peak_memory(fn), "tensors"
+        return memory(self, task, fn, reset)
 
 
 def rope_rotate(x, cos, sin):
-    """The rotation Rope.transform_qk runs, as one function for torch.compile (half layout)."""
+    """The rotation Rope.transform_qk runs, as one function for torch.compile (half
+    layout)."""
     from ..qk.rope import rotate_pairs
 
     return rotate_pairs(x, cos, sin, "half")

@@ -1,65 +1,78 @@
-"""The kernel goals of posenc, judged on the rows of one benchmark run (fresh, or read back from its CSV).
+"""The kernel goals of posenc, judged on the rows of a benchmark run (fresh, or read
+back from its CSV).
 
-Every dtype and both passes are judged. A goal whose path did not run, or whose measurement
-cannot decide it, is reported with `met` None and the reason, never left out.
+Each goal asks one question a reader can act on, the same on a CPU and on a GPU, judged
+per dtype and pass from `from_length` tokens on:
 
-On the CPU (the goals of the kernel work; unchanged): from 4k tokens, compiled FlexAttention
-within 0.5x (window), 2.0x (ALiBi) and 2.5x (T5) of causal SDPA's time, at most 64 MiB of peak
-memory; RoPE eager within 1.1x of Hugging Face's eager function, compiled within 0.3x.
+* **posenc's overhead**: flex through posenc.attention against the very kernel called
+  directly (`flex_direct`), time at most 1.05x (the host microseconds per call are
+  reported beside it);
+* **the position's cost**: each score scheme through compiled flex against plain causal
+  flex, the same kernel without a score_mod: ALiBi at most 1.1x, T5 at most 1.2x (T5's
+  former score_mod, `t5_computed`, is judged against the same bound, beside it);
+* **FlexAttention's kernel**: plain causal flex against the fastest causal SDPA kernel,
+  at least 0.9x its speed forward and 0.8x forward+backward (a property of the kernels,
+  not of posenc);
+* **block sparsity**: the sliding window through flex against causal flex times the
+  fraction of causal's blocks the window leaves, at most 1.1x;
+* **RoPE**: posenc's eager rotation against Hugging Face's eager function, at most 1.1x
+  its time (the design's rule: never slower, with room for noise); the compiled rotation
+  at least 0.8 of the bandwidth of a copy of the same bytes into a preallocated buffer;
+* **memory**: on a CPU compiled flex at most 64 MiB per call (judged only with an exact
+  counter: the resident-set growth is a lower bound); on a GPU every fused path's peak
+  per sequence linear in L (growth exponent at most 1.1 between the lengths measured).
 
-On a GPU: from 4k tokens, compiled FlexAttention (plain causal, ALiBi, T5) at >= 0.9x the speed of
-the fastest causal SDPA backend forward and >= 0.8x forward+backward; the window at <= 1.1x
-(fraction of blocks computed x causal time), the fractions taken relative to causal's; compiled
-RoPE at >= 0.8 of the bandwidth of a copy of the same bytes; every fused path's peak memory linear
-in L (growth exponent <= 1.1 between the lengths measured).
-
-A time goal's value is the median of the per-round ratios to the baseline where the run recorded them
-(the ratio of medians for runs stored before), and `iqr` holds their quartiles as the value is expressed.
-A memory goal is judged only with an exact counter (posenc.study.measure.COUNTERS): a lower bound
-cannot certify an upper bound, and figures of two counters are never compared.
+A time goal's value is the median of per-round ratios between the two paths, which were
+timed in the same rounds (from the run's samples; where a run kept none, the ratio of
+medians), and `iqr` holds their quartiles. With several runs (posenc.study.benchmark
+--runs) every run is judged, and the goal is met only where it is met in every run, not
+met where it is missed in every run, and "inconclusive" otherwise; `values` lists the
+runs' values and `value` is their median. A goal whose path did not run is reported with
+`met` None and the reason, never left out. A memory goal is judged only with an exact
+counter (posenc.study.measure.COUNTERS).
 """
 
 from __future__ import annotations
 
-import math
-
 from .bench_paths import BACKWARD, FORWARD
-from .measure import COUNTERS
-from .presets import BASELINE
+from .goal_rules import (  # noqa: F401 - the rules, importable from here
+    CPU_FLEX_MIB,
+    FUSED,
+    LINEAR_EXPONENT,
+    combine,
+    judge_linear_memory,
+    judge_memory_bound,
+    paired,
+)
 
-CPU_FLEX_TIME = {
-    "sliding_window": 0.5,
-    "alibi": 2.0,
-    "t5": 2.5,
-}  # time / causal SDPA, at most
-CPU_FLEX_MIB = 64
-CPU_ROPE = {"posenc": 1.1, "posenc_compiled": 0.3}  # time / Hugging Face eager, at most
-GPU_FLEX_SPEED = {FORWARD: 0.9, BACKWARD: 0.8}  # causal SDPA time / flex time, at least
-GPU_FLEX_SCHEMES = ("nope", "alibi", "t5")
-GPU_WINDOW = 1.1
-GPU_ROPE_BANDWIDTH = 0.8
-LINEAR_EXPONENT = 1.1
-FUSED = {
-    ("nope", "sdpa_causal"),
-    *((s, "flex") for s in ("nope", "alibi", "t5", "sliding_window", "shaw")),
-    ("rope", "posenc_compiled"),
-}
+OVERHEAD = (
+    1.05  # flex through posenc.attention / the same kernel called directly, at most
+)
+POSITION_COST = {
+    "alibi": 1.1,
+    "t5": 1.2,
+    "t5_computed": 1.2,
+}  # scheme flex / causal flex
+FLEX_SPEED = {
+    FORWARD: 0.9,
+    BACKWARD: 0.8,
+}  # fastest causal SDPA time / causal flex time, at least
+WINDOW = 1.1  # window flex / (causal flex x block fraction), at most
+ROPE_EAGER = 1.1  # posenc's eager RoPE / Hugging Face's eager, at most
+ROPE_BANDWIDTH = 0.8  # compiled RoPE's bandwidth / a preallocated copy's, at least
 GOAL_LENGTH = 4096
+VERDICTS = ("met", "NOT met", "inconclusive", "not judged")
 
 
-def _ratio(row: dict, base: dict | None) -> float | None:
-    """Time over the baseline's: the median of per-round ratios where the run recorded it, else the ratio of medians."""
-    if row.get("ratio") is not None:
-        return row["ratio"]
-    return None if base is None else row["median_ms"] / base["median_ms"]
-
-
-def _iqr(row: dict, invert: bool = False, scale: float = 1.0) -> list[float] | None:
-    """The quartiles of the per-round ratios behind a time goal's value (as the value is expressed), where recorded."""
-    if row.get("ratio_q25") is None or row.get("ratio_q75") is None:
-        return None
-    low, high = row["ratio_q25"] / scale, row["ratio_q75"] / scale
-    return [1 / high, 1 / low] if invert else [low, high]
+def _key(row: dict) -> tuple:
+    return (
+        row["scheme"],
+        row["path"],
+        row["pass"],
+        row["dtype"],
+        row["seq_len"],
+        row["batch"],
+    )
 
 
 def goals(
@@ -67,12 +80,15 @@ def goals(
     fractions: dict | None = None,
     device: str | None = None,
     from_length: int = GOAL_LENGTH,
+    samples: dict | None = None,
 ) -> list[dict]:
-    """Each goal judged on `rows`: dicts with keys goal, device, scheme, path, pass, dtype, seq_len, value, bound, met, reason.
+    """Each goal judged on `rows` (one run or several): dicts with keys goal, device,
+    scheme, path, pass, dtype, seq_len, value, values, bound, met, verdict, reason, iqr.
 
-    `device` is "cpu" or "cuda"; None takes it from the rows' "device" column (runs stored before
-    that column existed are CPU runs). `fractions` are the run's block fractions (its metadata).
-    `from_length` is where the time goals start (4096; the tests judge tiny runs from their lengths).
+    `device` is "cpu" or "cuda"; None takes it from the rows' "device" column.
+    `fractions` are the run's block fractions (its metadata), `samples` its samples_ms.
+    `from_length` is where the time goals start (4096; the tests judge tiny runs from
+    their lengths).
     """
     if not isinstance(from_length, int) or from_length < 1:
         raise ValueError(f"from_length must be a positive int; got {from_length!r}")
@@ -86,12 +102,32 @@ def goals(
         raise ValueError(f"device must be 'cpu' or 'cuda'; got {device!r}")
     if fractions is not None and not isinstance(fractions, dict):
         raise TypeError(
-            f"fractions must be a dict (the run's block_fractions) or None; got {type(fractions).__name__}"
+            "fractions must be a dict (the run's block_fractions) or None; got "
+            f"{type(fractions).__name__}"
         )
-    by_key = {
-        (r["scheme"], r["path"], r["pass"], r["dtype"], r["seq_len"], r["batch"]): r
-        for r in rows
-    }
+    runs = sorted({r.get("run") or 1 for r in rows})
+    per_run = [
+        judge_run(
+            [r for r in rows if (r.get("run") or 1) == run],
+            fractions,
+            device,
+            from_length,
+            samples,
+        )
+        for run in runs
+    ]
+    return combine(per_run)
+
+
+def judge_run(
+    rows: list[dict],
+    fractions: dict | None,
+    device: str,
+    from_length: int,
+    samples: dict | None,
+) -> list[dict]:
+    """Every goal on the rows of one run."""
+    by_key = {_key(r): r for r in rows}
     judged: list[dict] = []
 
     def judge(name, row, value, op, bound, unit="x", reason="", **context):
@@ -102,7 +138,7 @@ def goals(
         )
         if value is None and not reason:
             reason = (
-                row.get("reason") or "not measured"
+                (row.get("reason") or "not measured")
                 if row is not None
                 else "not measured"
             )
@@ -119,6 +155,7 @@ def goals(
                 "value": value,
                 "bound": f"{op} {bound:g}{unit}",
                 "met": met,
+                "verdict": "not judged" if met is None else "met" if met else "NOT met",
                 "reason": reason,
                 **context,
             }
@@ -127,161 +164,140 @@ def goals(
     def ok(row):
         return row is not None and row["status"] == "ok"
 
-    def need(row, base, what="the baseline (causal SDPA)"):
-        """The reason a goal cannot be judged from row and base, or ''."""
+    def need(row, partner, what):
+        """The reason a goal cannot be judged from row and partner, or ''."""
         if not ok(row):
             return f"the path did not run: {row['reason'] or 'skipped'}"
-        if base is not None and not ok(base):
-            return f"{what} did not run: {base['reason'] or 'skipped'}"
-        return "" if base is not None else f"{what} was not measured at this shape"
+        if partner is None:
+            return f"{what} was not measured at this shape"
+        if not ok(partner):
+            return f"{what} did not run: {partner['reason'] or 'skipped'}"
+        return ""
+
+    def ratio_goal(
+        name, row, partner, what, op, bound, invert=False, scale=1.0, **context
+    ):
+        why = need(row, partner, what)
+        if why:
+            return judge(name, row, None, op, bound, reason=why, **context)
+        value, iqr = paired(row, partner, samples)
+        value, iqr = value / scale, None if iqr is None else [q / scale for q in iqr]
+        if invert:
+            value, iqr = 1 / value, None if iqr is None else [1 / iqr[1], 1 / iqr[0]]
+        judge(name, row, value, op, bound, iqr=iqr, **context)
 
     ordered = sorted(
         by_key.items(),
         key=lambda kv: (kv[0][4], kv[0][2], kv[0][0], kv[0][1], kv[0][3]),
     )
     for (scheme, path, pass_, dt, length, batch), row in ordered:
-        base = by_key.get((*BASELINE, pass_, dt, length, batch))
+        long = length >= from_length
+        causal_flex = by_key.get(("nope", "flex", pass_, dt, length, batch))
+        if long and path == "flex_direct":
+            flex = by_key.get((scheme, "flex", pass_, dt, length, batch))
+            if flex is not None:
+                host = (
+                    (flex["host_ms"] - row["host_ms"]) * 1e3
+                    if ok(flex)
+                    and ok(row)
+                    and flex.get("host_ms") is not None
+                    and row.get("host_ms") is not None
+                    else None
+                )
+                ratio_goal(
+                    f"{scheme}: flex through posenc.attention / the kernel called "
+                    f"directly ({pass_})",
+                    flex,
+                    row,
+                    "the kernel called directly",
+                    "<=",
+                    OVERHEAD,
+                    host_us_per_call=host,
+                )
+        if long and path == "flex" and scheme in POSITION_COST:
+            ratio_goal(
+                f"{scheme}: flex / plain causal flex, the position's cost ({pass_})",
+                row,
+                causal_flex,
+                "plain causal flex",
+                "<=",
+                POSITION_COST[scheme],
+            )
+        if long and path == "flex" and scheme == "nope":
+            bases = [
+                by_key.get(("nope", p, pass_, dt, length, batch))
+                for p in ("sdpa_causal", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+            ]
+            bases = [b for b in bases if ok(b)]
+            base = min(bases, key=lambda b: b["median_ms"]) if bases else None
+            ratio_goal(
+                f"plain causal flex, speed / the fastest causal SDPA ({pass_})",
+                row,
+                base,
+                "causal SDPA",
+                ">=",
+                FLEX_SPEED[pass_],
+                invert=True,
+                baseline_path=None if base is None else base["path"],
+            )
+        if long and path == "flex" and scheme == "sliding_window":
+            frac = (fractions or {}).get(str(length))
+            name = f"window: flex / (causal flex x its block fraction) ({pass_})"
+            if not frac:
+                judge(
+                    name,
+                    row,
+                    None,
+                    "<=",
+                    WINDOW,
+                    reason="the run's block fractions at this length are not known",
+                )
+            else:
+                work = frac["sliding_window"] / frac["causal"]
+                ratio_goal(
+                    name,
+                    row,
+                    causal_flex,
+                    "plain causal flex",
+                    "<=",
+                    WINDOW,
+                    scale=work,
+                    block_fraction_of_causal=work,
+                )
         if (
             device == "cpu"
+            and long
             and path == "flex"
-            and scheme in CPU_FLEX_TIME
-            and length >= from_length
+            and scheme in ("alibi", "t5", "sliding_window")
         ):
-            why = need(row, base)
-            plain = by_key.get(("nope", "flex", pass_, dt, length, batch))
-            judge(f"{scheme} through compiled flex, time / causal SDPA", row, None if why else _ratio(row, base), "<=", CPU_FLEX_TIME[scheme], reason=why,
-                  ratio_to_causal_flex=row["median_ms"] / plain["median_ms"] if ok(row) and ok(plain) else None, iqr=_iqr(row))  # fmt: skip
             judge_memory_bound(
                 judge,
                 row,
                 f"{scheme} through compiled flex, peak memory (MiB)",
                 CPU_FLEX_MIB,
             )
-        if device == "cpu" and scheme == "rope" and path in CPU_ROPE:
+        if scheme == "rope" and path == "posenc" and long:
             hf = by_key.get(("rope", "hf_eager", pass_, dt, length, batch))
             if hf is not None:
-                why = need(row, hf, "Hugging Face's eager RoPE")
-                judge(
-                    f"RoPE {path} / Hugging Face eager ({dt})",
+                ratio_goal(
+                    f"RoPE eager: posenc / Hugging Face ({dt})",
                     row,
-                    None if why else row["median_ms"] / hf["median_ms"],
+                    hf,
+                    "Hugging Face's eager RoPE",
                     "<=",
-                    CPU_ROPE[path],
-                    reason=why,
+                    ROPE_EAGER,
                 )
-        if device == "cuda" and path == "flex" and length >= from_length:
-            if scheme in GPU_FLEX_SCHEMES:
-                why = need(row, base)
-                ratio = None if why else _ratio(row, base)
-                judge(f"{scheme} through compiled flex, speed / fastest causal SDPA ({pass_})", row, None if ratio is None else 1 / ratio, ">=",
-                      GPU_FLEX_SPEED[pass_], reason=why, baseline_backend=None if base is None else base.get("backend"), iqr=_iqr(row, invert=True))  # fmt: skip
-            if scheme == "sliding_window":
-                why = need(row, base)
-                frac = (fractions or {}).get(str(length))
-                if not why and not frac:
-                    why = "the run's block fractions at this length are not known"
-                work = None if why else frac["sliding_window"] / frac["causal"]
-                judge(f"window through compiled flex, time / (blocks computed x causal time) ({pass_})", row,
-                      None if why else _ratio(row, base) / work, "<=", GPU_WINDOW, reason=why, block_fraction_of_causal=work,
-                      iqr=None if why else _iqr(row, scale=work))  # fmt: skip
-        if (
-            device == "cuda"
-            and scheme == "rope"
-            and path == "posenc_compiled"
-            and length >= from_length
-        ):
-            copy = by_key.get(("copy", "clone", pass_, row["dtype"], length, batch))
-            why = need(row, copy, "the copy of the same bytes")
-            value = (
-                None
-                if why
-                else (row["bytes_moved"] / row["median_ms"])
-                / (copy["bytes_moved"] / copy["median_ms"])
-            )
-            judge(
-                f"RoPE compiled, bandwidth / a copy's ({dt})",
+        if scheme == "rope" and path == "posenc_compiled" and long:
+            copy = by_key.get(("copy", "preallocated", pass_, dt, length, batch))
+            ratio_goal(
+                f"RoPE compiled: bandwidth / a preallocated copy's ({dt})",
                 row,
-                value,
+                copy,
+                "the copy of the same bytes",
                 ">=",
-                GPU_ROPE_BANDWIDTH,
-                reason=why,
+                ROPE_BANDWIDTH,
+                invert=True,
             )
     if device == "cuda":
         judge_linear_memory(judge, rows)
     return judged
-
-
-def judge_memory_bound(judge, row: dict, name: str, mib: float) -> None:
-    """An upper bound on peak memory: certified only by an exact counter."""
-    if row["status"] != "ok":
-        return judge(
-            name,
-            row,
-            None,
-            "<=",
-            mib,
-            " MiB",
-            reason=f"the path did not run: {row['reason'] or 'skipped'}",
-        )
-    counter = row.get("memory_counter")
-    if row.get("peak_mem_bytes") is None or COUNTERS.get(counter) != "exact":
-        what = (
-            f"{counter}, a {COUNTERS[counter]}"
-            if counter in COUNTERS
-            else f"{counter or 'no counter'}"
-        )
-        return judge(name, row, None, "<=", mib, " MiB", reason=f"memory counted with {what}: it cannot certify an upper bound",
-                     lower_bound_mib=row["peak_mem_bytes"] / 2**20 if row.get("peak_mem_bytes") is not None else None)  # fmt: skip
-    judge(name, row, row["peak_mem_bytes"] / 2**20, "<=", mib, " MiB", counter=counter)
-
-
-def judge_linear_memory(judge, rows: list[dict]) -> None:
-    """Peak memory of each fused path linear in L: the largest growth exponent log(m2/m1)/log(L2/L1) between its lengths."""
-    series: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if (r["scheme"], r["path"]) in FUSED:
-            series.setdefault(
-                (r["scheme"], r["path"], r["pass"], r["dtype"], r["batch"]), []
-            ).append(r)
-    for (scheme, path, pass_, dt, _), group in sorted(series.items()):
-        group = sorted(group, key=lambda r: r["seq_len"])
-        name = f"{scheme} {path} peak memory linear in L ({pass_}, {dt})"
-        last = group[-1]
-        measured = [r for r in group if r["status"] == "ok" and r.get("peak_mem_bytes")]
-        counters = {r.get("memory_counter") for r in measured}
-        if len(measured) < 2:
-            judge(
-                name,
-                last,
-                None,
-                "<=",
-                LINEAR_EXPONENT,
-                "",
-                reason=f"measured at {len(measured)} length(s); linearity needs two",
-            )
-        elif len(counters) > 1 or COUNTERS.get(next(iter(counters))) != "exact":
-            judge(
-                name,
-                last,
-                None,
-                "<=",
-                LINEAR_EXPONENT,
-                "",
-                reason=f"memory counted with {', '.join(sorted(map(str, counters)))}: not one exact counter",
-            )
-        else:
-            exponent = max(
-                math.log(b["peak_mem_bytes"] / a["peak_mem_bytes"])
-                / math.log(b["seq_len"] / a["seq_len"])
-                for a, b in zip(measured, measured[1:])
-            )
-            judge(
-                name,
-                last,
-                exponent,
-                "<=",
-                LINEAR_EXPONENT,
-                "",
-                lengths=[r["seq_len"] for r in measured],
-                counter=next(iter(counters)),
-            )

@@ -1,14 +1,15 @@
-"""Peak memory of a callable: the bytes of the tensors it creates (any device), and CUDA's allocator peak.
+"""Peak memory of a callable: the bytes of the tensors it creates (any device), and
+CUDA's allocator peak.
 
-`peak_memory` counts, operator by operator, the storages of the tensors that
-the call creates and frees each one when its storage dies. The count is the
-same on every device and on every run, so a chapter can print it; it does not
-see scratch memory that a single kernel allocates and frees inside itself.
-`cuda_peak_memory` asks CUDA's caching allocator instead: it sees everything
-on the GPU, rounded up to the allocator's blocks. `peak_rss` sees a process's resident
-growth, a lower bound. `COUNTERS` says which counter bounds what: a goal that bounds memory
-from above is judged only with an exact counter. `time_rounds` times several calls
-interleaved, round by round, with an L2 flush before each timed call on a GPU.
+`peak_memory` counts, operator by operator, the storages of the tensors that the call
+creates and frees each one when its storage dies. The count is the same on every device
+and on every run, so a chapter can print it; it does not see scratch memory that a
+single kernel allocates and frees inside itself. `cuda_peak_memory` asks CUDA's caching
+allocator instead: it sees everything on the GPU, rounded up to the allocator's blocks.
+`peak_rss` sees a process's resident growth, a lower bound. `COUNTERS` says which
+counter bounds what: a goal that bounds memory from above is judged only with an exact
+counter. `time_rounds` times several calls interleaved, round by round, with an L2 flush
+before each timed call on a GPU.
 """
 
 from __future__ import annotations
@@ -21,15 +22,23 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 
-COUNTERS = {  # counter -> what its figure is: only "exact" may certify a goal that bounds memory from above
-    "cuda_allocator": "exact",  # CUDA's caching allocator: every allocation on the device, rounded to its blocks
-    "tensors": "exact",  # bytes of the tensors created, operator by operator (not the scratch inside one kernel)
-    "process_rss": "lower bound",  # growth of the resident peak: memory the allocator already held and reuses is not seen
+# counter -> what its figure is: only "exact" may certify a goal that bounds memory
+# from above
+COUNTERS = {
+    # CUDA's caching allocator: every allocation on the device, rounded to its blocks
+    "cuda_allocator": "exact",
+    # bytes of the tensors created, operator by operator (not the scratch inside one
+    # kernel)
+    "tensors": "exact",
+    # growth of the resident peak: memory the allocator already held and reuses is not
+    # seen
+    "process_rss": "lower bound",
 }
 
 
 class _StorageCounter(TorchDispatchMode):
-    """Bytes held by the storages created under this mode: now (`live`) and at most (`peak`)."""
+    """Bytes held by the storages created under this mode: now (`live`) and at most
+    (`peak`)."""
 
     def __init__(self):
         super().__init__()
@@ -51,7 +60,8 @@ class _StorageCounter(TorchDispatchMode):
         ):  # a storage not seen yet (an id can be reused after a free)
             ref = weakref.ref(storage, self._freed)
             self._refs[id(storage)] = ref
-            # a storage made before the call (an input, seen again through a view) counts only what it grows
+            # a storage made before the call (an input, seen again through a view)
+            # counts only what it grows
             self._sizes[id(ref)] = existing.get(id(storage), 0)
         grown = (
             storage.nbytes() - self._sizes[id(ref)]
@@ -63,7 +73,8 @@ class _StorageCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        existing = {}  # storages of the inputs, with their sizes before the operator runs
+        # storages of the inputs, with their sizes before the operator runs
+        existing = {}
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 st = t.untyped_storage()
@@ -76,10 +87,11 @@ class _StorageCounter(TorchDispatchMode):
 
 
 def peak_memory(fn: Callable, *args, **kwargs) -> int:
-    """Largest number of bytes held at once by the tensors that fn(*args, **kwargs) creates.
+    """Largest number of bytes held at once by the tensors that fn(*args, **kwargs)
+    creates.
 
-    Tensors that exist before the call (its inputs) are not counted; its output
-    is. Works on any device and gives the same count on each, run after run.
+    Tensors that exist before the call (its inputs) are not counted; its output is.
+    Works on any device and gives the same count on each, run after run.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -91,10 +103,11 @@ def peak_memory(fn: Callable, *args, **kwargs) -> int:
 
 
 def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
-    """Peak bytes CUDA's caching allocator held during fn(*args, **kwargs), above what it held before.
+    """Peak bytes CUDA's caching allocator held during fn(*args, **kwargs), above what
+    it held before.
 
-    Needs a GPU (raises RuntimeError otherwise). Call fn once before measuring
-    if it triggers one-time allocations (a cuBLAS workspace, say).
+    Needs a GPU (raises RuntimeError otherwise). Call fn once before measuring if it
+    triggers one-time allocations (a cuBLAS workspace, say).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -114,9 +127,11 @@ def cuda_peak_memory(fn: Callable, *args, device=None, **kwargs) -> int:
 
 
 def kept_memory(fn: Callable, *args, device=None, **kwargs) -> int:
-    """Bytes that fn(*args, **kwargs) allocates and keeps after returning (caches: a mask kept per shape), its output dropped.
+    """Bytes that fn(*args, **kwargs) allocates and keeps after returning (caches: a
+    mask kept per shape), its output dropped.
 
-    On a GPU CUDA's allocator (allocated after minus before); elsewhere the tensors created and still alive.
+    On a GPU CUDA's allocator (allocated after minus before); elsewhere the tensors
+    created and still alive.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -136,8 +151,9 @@ def kept_memory(fn: Callable, *args, device=None, **kwargs) -> int:
 
 
 def l2_flusher(device, nbytes: int | None = None) -> Callable[[], None] | None:
-    """On a GPU, a function that writes `nbytes` (default: twice the L2 cache, 256 MiB where torch does not say) so
-    no operand of the next call is still in L2; None on the CPU (its caches cannot be flushed from here)."""
+    """On a GPU, a function that writes `nbytes` (default: twice the L2 cache, 256 MiB
+    where torch does not say) so no operand of the next call is still in L2; None on the
+    CPU (its caches cannot be flushed from here)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -157,66 +173,8 @@ def l2_flusher(device, nbytes: int | None = None) -> Callable[[], None] | None:
     return flush
 
 
-def time_rounds(
-    fns: dict, device, warmup: int, rounds: int, flush: Callable[[], None] | None = None
-) -> tuple[dict, dict]:
-    """Milliseconds of each named call, interleaved: every round times each call once, the order rotating by one per round.
-
-    Each call is first called `warmup` times; on a GPU, `flush` (see l2_flusher) runs before every
-    timed call, outside the timed interval. A call that raises is dropped from the later rounds:
-    returns (times by name, the exception by name for those).
-    """
-    import time
-
-    if not isinstance(fns, dict) or not all(callable(f) for f in fns.values()):
-        raise TypeError("fns must be a dict of name -> callable")
-    if (
-        not isinstance(rounds, int)
-        or rounds < 1
-        or not isinstance(warmup, int)
-        or warmup < 0
-    ):
-        raise ValueError(
-            f"rounds must be an int >= 1 and warmup an int >= 0; got {rounds!r} and {warmup!r}"
-        )
-    device = torch.device(device)
-    times, failed = {name: [] for name in fns}, {}
-    for name, fn in fns.items():
-        try:
-            for _ in range(warmup):
-                fn()
-        except Exception as exc:  # noqa: BLE001 - recorded by the caller as the path's reason
-            failed[name] = exc
-    names = [n for n in fns if n not in failed]
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
-            if name in failed:
-                continue
-            try:
-                if device.type == "cuda":
-                    if flush is not None:
-                        flush()
-                    torch.cuda.synchronize(device)
-                    start, end = (
-                        torch.cuda.Event(enable_timing=True),
-                        torch.cuda.Event(enable_timing=True),
-                    )
-                    start.record()
-                    fns[name]()
-                    end.record()
-                    end.synchronize()
-                    times[name].append(start.elapsed_time(end))
-                else:
-                    t0 = time.perf_counter()
-                    fns[name]()
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-            except Exception as exc:  # noqa: BLE001
-                failed[name] = exc
-    return {n: t for n, t in times.items() if n not in failed}, failed
-
-
 def summarize(times_ms: list[float]) -> tuple[float, float, float]:
-    """Median and the first and third quartiles (inclusive method) of repeated timings."""
+    """Median and first and third quartiles (inclusive method) of repeated timings."""
     import statistics
 
     if len(times_ms) == 1:
@@ -228,7 +186,8 @@ def summarize(times_ms: list[float]) -> tuple[float, float, float]:
 def time_call(
     fn: Callable[[], object], device: torch.device, warmup: int, repeats: int
 ) -> list[float]:
-    """Milliseconds of `repeats` calls after `warmup` calls: CUDA events on a GPU, perf_counter elsewhere."""
+    """Milliseconds of `repeats` calls after `warmup` calls: CUDA events on a GPU,
+    perf_counter elsewhere."""
     import time
 
     for _ in range(warmup):
@@ -263,17 +222,21 @@ def _status_bytes(field: str) -> int:
 
 
 def peak_rss(fn: Callable, *args, **kwargs) -> int:
-    """Growth of the process's peak resident memory during fn(*args, **kwargs), in bytes (Linux).
+    """Growth of the process's peak resident memory during fn(*args, **kwargs), in bytes
+    (Linux).
 
-    Unlike peak_memory it sees everything, compiled kernels and their scratch included, and
-    it does not intercept operators (a TorchDispatchMode makes compiled code fall back to
-    eager). Free heap memory is returned to the system (malloc_trim) and the peak reset
-    through /proc/self/clear_refs first; what the allocator still keeps resident and the
-    call reuses is not counted, so it is a lower bound. Raises OSError elsewhere.
+    Unlike peak_memory it sees everything, compiled kernels and their scratch included,
+    and it does not intercept operators (a TorchDispatchMode makes compiled code fall
+    back to eager). Free heap memory is returned to the system (malloc_trim) and the
+    peak reset through /proc/self/clear_refs first; what the allocator still keeps
+    resident and the call reuses is not counted, so it is a lower bound. Raises OSError
+    elsewhere.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    try:  # hand freed heap pages back first, so memory the call reuses shows as growth (glibc only)
+    # hand freed heap pages back first, so memory the call reuses shows as growth (glibc
+    # only)
+    try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -286,3 +249,12 @@ def peak_rss(fn: Callable, *args, **kwargs) -> int:
     peak = _status_bytes("VmHWM") - before
     del out
     return max(peak, 0)
+
+
+# timing, re-exported here (it imports time_call from this module)
+from .timing import (  # noqa: E402,F401
+    Samples,
+    minor_faults,
+    steady_allocator,
+    time_rounds,
+)

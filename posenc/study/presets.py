@@ -1,41 +1,62 @@
-"""What a benchmark run measures: presets, the plan of measurements, and the time a plan will take.
+"""What a benchmark run measures: presets and the plan of measurements.
 
 A `Preset` names the device, the shapes, the repeats and the paths; `plan` lists every
-measurement in the order it runs, each with the reason it will be skipped (or None);
-`budget` counts the compiles and calls of a plan and turns them into an estimate of the
-run's time under a stated `CostModel` (per-compile seconds, achieved FLOP/s and bandwidth,
-per-call overhead): the GPU presets' time budgets are computed from it, not guessed.
+measurement in the order it runs, each with the reason it will be skipped (or None).
+posenc.study.bench_budget turns a plan into an estimate of the run's time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections import Counter
 
 import torch
 
-from .bench_paths import BACKWARD, COMPILED, FORWARD, PASSES
+from .bench_paths import FORWARD, PASSES
 
-BASELINE = ("nope", "sdpa_causal")  # (scheme, path) every ratio is taken against
+BASELINE = (
+    "nope",
+    "sdpa_causal",
+)  # plain causal attention through posenc.attention (SDPA)
+# SDPA forced onto one fused backend (torch.nn.attention.sdpa_kernel), each a row on a
+# GPU: the
+# baseline of a shape and pass there is the fastest of them and sdpa_causal (SDPA's own
+# choice)
+SDPA_BACKEND_PATHS = {
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+}
+BASELINE_PATHS = (BASELINE[1], *SDPA_BACKEND_PATHS)
 SCHEME_PATHS: dict[str, tuple[str, ...]] = {
+    # nope/flex: plain causal FlexAttention; flex_direct: the same compiled kernel
+    # called
+    # directly (posenc's score_mod and block mask, no posenc.attention), its host
+    # overhead's measure
     "nope": (
-        "sdpa_causal",
+        *BASELINE_PATHS,
         "flex",
+        "flex_direct",
         "explicit",
         "sdpa",
         "flex_uncompiled",
-    ),  # nope/flex: plain causal FlexAttention
+    ),
     "alibi": ("flex", "explicit", "sdpa", "flex_uncompiled"),
-    "t5": ("flex", "explicit", "sdpa", "flex_uncompiled"),
+    "t5": ("flex", "flex_direct", "explicit", "sdpa", "flex_uncompiled"),
+    # T5's former score_mod, the bucket computed from the distance for every score
+    # (forward)
+    "t5_computed": ("flex",),
     "shaw": ("flex", "explicit", "sdpa", "flex_uncompiled"),
     "sliding_window": ("flex", "explicit", "sdpa", "flex_uncompiled"),
     "shaw_values": ("explicit_naive", "explicit_gather"),
 }
 OPERATION_PATHS = {
-    "copy": ("clone",),
+    # a copy of RoPE's bytes into a buffer made once (the bandwidth reference), and a
+    # clone,
+    # which allocates its output on every call as RoPE does
+    "copy": ("preallocated", "clone"),
     "rope": ("posenc", "posenc_compiled", "hf_eager"),
-}  # outside the kernel, forward only
+}  # outside the kernel, forward only, timed in a group of their own
+OPERATION_BASELINE = ("copy", "preallocated")
 ALL_SCHEMES = (*SCHEME_PATHS, *OPERATION_PATHS)
 ALL_PATHS = tuple(
     sorted(
@@ -51,7 +72,8 @@ ALL_PATHS = tuple(
 def _positive_ints(name: str, values, allow_empty: bool = False) -> None:
     if not isinstance(values, tuple) or (not values and not allow_empty):
         raise TypeError(
-            f"{name} must be a {'' if allow_empty else 'non-empty '}tuple of positive ints; got {values!r}"
+            f"{name} must be a {'' if allow_empty else 'non-empty '}tuple of positive "
+            f"ints; got {values!r}"
         )
     if any(not isinstance(v, int) or isinstance(v, bool) or v <= 0 for v in values):
         raise ValueError(f"{name} must hold positive ints; got {values!r}")
@@ -69,7 +91,8 @@ class Preset:
     head_dim: int
     long_lengths: tuple[int, ...] = ()  # measured with batch 1
     warmup: int = 1
-    repeats: int = 11  # rounds: every path of a shape is timed once per round, the baseline among them
+    # rounds: every path of a shape is timed once per round, the baseline among them
+    repeats: int = 11
     threads: int | None = (
         None  # torch.set_num_threads for the run; None leaves it as it is
     )
@@ -87,22 +110,40 @@ class Preset:
         str, ...
     ] = ()  # dtypes RoPE is also measured in, besides the run's
     compile_flex: bool = True
-    flex_uncompiled: bool = True  # uncompiled FlexAttention materialises the scores: worth measuring on a CPU only
+    # uncompiled FlexAttention materialises the scores: worth measuring on a CPU only
+    flex_uncompiled: bool = True
     compile_backend: str = "inductor"
     hf_rope: bool = True
-    max_bytes: int | None = (
-        None  # estimated peak above which a path is skipped; None: half the GPU's memory
-    )
+    # estimated peak above which a path is skipped; None: half the GPU's memory
+    max_bytes: int | None = None
     time_budget_s: float | None = (
         600.0  # None: computed by `budget` (its estimate times `BUDGET_MARGIN`)
     )
-    l2_flush_bytes: int | None = (
-        None  # GPU: bytes written between timed calls; None: twice the device's L2 cache
-    )
+    # GPU: bytes written between timed calls; None: twice the device's L2 cache
+    l2_flush_bytes: int | None = None
     goal_length: int = (
         4096  # the time goals are judged from this length on (posenc.study.goals)
     )
+    # where set, the batch at each length is tokens // L (at least 1), so that every
+    # call
+    # does about the same work and lasts long enough to time (long_lengths keep batch 1)
+    tokens: int | None = None
+    min_calls: int = (
+        1  # calls per timed sample, at least (a GPU: >= 2, the first is dropped)
+    )
+    min_sample_ms: float = 0.0  # calls per sample: enough for about this many ms
+    op_repeats: int | None = None  # rounds of the copy and RoPE group; None: `repeats`
+    op_sample_ms: float = 0.0  # the copy and RoPE group's min_sample_ms
+    # glibc's allocator held in a steady state for the run
+    # (posenc.study.measure.steady_allocator)
+    steady_allocator: bool = False
     description: str = ""
+
+    def batch_at(self, length: int) -> int:
+        """The batch measured at `length` (a long length: 1)."""
+        if length in self.long_lengths and length not in self.lengths:
+            return 1
+        return self.batch if self.tokens is None else max(1, self.tokens // length)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -129,7 +170,8 @@ class Preset:
             or self.repeats < 1
         ):
             raise ValueError(
-                f"warmup must be an int >= 0 and repeats an int >= 1; got {self.warmup!r} and {self.repeats!r}"
+                "warmup must be an int >= 0 and repeats an int >= 1; got "
+                f"{self.warmup!r} and {self.repeats!r}"
             )
         if self.threads is not None and (
             not isinstance(self.threads, int) or self.threads < 1
@@ -155,7 +197,8 @@ class Preset:
         for dt in self.rope_dtypes:
             if not isinstance(getattr(torch, dt, None), torch.dtype):
                 raise ValueError(
-                    f"rope_dtypes must name torch dtypes ('bfloat16', 'float16'); got {dt!r}"
+                    "rope_dtypes must name torch dtypes ('bfloat16', 'float16'); got "
+                    f"{dt!r}"
                 )
         for field in ("max_bytes", "l2_flush_bytes"):
             value = getattr(self, field)
@@ -163,6 +206,16 @@ class Preset:
                 raise ValueError(
                     f"{field} must be None or a positive int of bytes; got {value!r}"
                 )
+        if self.tokens is not None:
+            _positive_ints("tokens", (self.tokens,))
+        _positive_ints("min_calls", (self.min_calls,))
+        if self.op_repeats is not None:
+            _positive_ints("op_repeats", (self.op_repeats,))
+        if not (self.min_sample_ms >= 0 and self.op_sample_ms >= 0):
+            raise ValueError(
+                "min_sample_ms and op_sample_ms must be >= 0; got "
+                f"{self.min_sample_ms!r} and {self.op_sample_ms!r}"
+            )
         if self.time_budget_s is not None and not self.time_budget_s >= 0:
             raise ValueError(
                 f"time_budget_s must be None or >= 0; got {self.time_budget_s!r}"
@@ -170,85 +223,143 @@ class Preset:
 
 
 _COLAB_PATHS = (
-    "sdpa_causal",
+    *BASELINE_PATHS,
     "flex",
+    "flex_direct",
     "sdpa",
-    "clone",
-    "posenc",
-    "posenc_compiled",
-    "hf_eager",
+    *OPERATION_PATHS["copy"],
+    *OPERATION_PATHS["rope"],
+)
+_KERNEL_SCHEMES = (
+    "nope",
+    "alibi",
+    "t5",
+    "t5_computed",
+    "sliding_window",
+    "copy",
+    "rope",
 )
 PRESETS: dict[str, Preset] = {
     "cpu": Preset(
-        "cpu", "cpu", (256, 512, 1024, 2048), batch=1, heads=4, head_dim=64, threads=1, compile_flex=False, max_bytes=3 * 2**30,
-        description="Every path but compiled flex, L up to 2048, one CPU thread (torch.set_num_threads(1)), float32.",
+        "cpu",
+        "cpu",
+        (256, 512, 1024, 2048),
+        batch=1,
+        heads=4,
+        head_dim=64,
+        threads=1,
+        compile_flex=False,
+        max_bytes=3 * 2**30,
+        op_repeats=31,
+        op_sample_ms=20.0,
+        steady_allocator=True,
+        description="Every path but compiled flex, L up to 2048, one CPU thread "
+        "(torch.set_num_threads(1)), float32.",
     ),
     "kernel": Preset(
-        "kernel", "cpu", (4096,), batch=1, heads=8, head_dim=64, threads=1, window=256, passes=(FORWARD,),
-        schemes=("nope", "alibi", "t5", "sliding_window", "copy", "rope"), paths=("sdpa_causal", "flex", "clone", "posenc", "posenc_compiled", "hf_eager"),
-        rope_dtypes=("bfloat16",), max_bytes=4 * 2**30, description="The fast paths at L = 4096 (B=1, H=8, d=64), one CPU thread, "
-        "forward (FlexAttention has no backward on the CPU); RoPE in float32 and bfloat16 next to a copy of its bytes; the goals of posenc's kernel work.",
+        "kernel",
+        "cpu",
+        (4096,),
+        batch=1,
+        heads=8,
+        head_dim=64,
+        threads=1,
+        window=256,
+        passes=(FORWARD,),
+        schemes=_KERNEL_SCHEMES,
+        paths=(
+            "sdpa_causal",
+            "flex",
+            "flex_direct",
+            *OPERATION_PATHS["copy"],
+            *OPERATION_PATHS["rope"],
+        ),
+        rope_dtypes=("bfloat16",),
+        max_bytes=4 * 2**30,
+        op_repeats=31,
+        op_sample_ms=20.0,
+        steady_allocator=True,
+        description="The fast paths at L = 4096 (B=1, H=8, d=64), one CPU thread, "
+        "forward (FlexAttention has no backward on the CPU): compiled FlexAttention "
+        "through posenc.attention and called directly, T5's score_mod beside its "
+        "former one, RoPE in float32 and bfloat16 beside copies of its bytes; the "
+        "goals of posenc's kernels.",
     ),
     "colab": Preset(
-        "colab", "cuda", (4096, 8192), batch=1, heads=16, head_dim=64, warmup=3, repeats=11, window=1024, matmul_size=4096,
-        schemes=("nope", "alibi", "t5", "sliding_window", "copy", "rope"), paths=_COLAB_PATHS, flex_uncompiled=False, time_budget_s=None,
-        description="Colab's GPU (a T4 in float16, an L4/A100/H100 in bfloat16): the goals' paths at 4k and 8k tokens, both passes; "
-        "compiled flex for plain causal, ALiBi, T5 and the window, their SDPA paths with the kept masks, RoPE against a copy.",
+        "colab",
+        "cuda",
+        (8192, 4096),
+        batch=1,
+        tokens=65536,
+        heads=16,
+        head_dim=64,
+        warmup=2,
+        repeats=11,
+        min_calls=3,
+        min_sample_ms=3.0,
+        op_sample_ms=3.0,
+        window=1024,
+        matmul_size=8192,
+        schemes=_KERNEL_SCHEMES,
+        paths=_COLAB_PATHS,
+        flex_uncompiled=False,
+        time_budget_s=None,
+        description="One GPU, the goals' paths: 8k then 4k tokens, 64k tokens per call "
+        "(batch 8 and 16), both passes; every fused SDPA backend, compiled flex for "
+        "plain "
+        "causal, ALiBi, T5 and the window through posenc.attention (and called "
+        "directly), "
+        "their SDPA paths with the kept masks, RoPE against a copy of its bytes. Sized "
+        "for "
+        "an L4, A100 or H100 in bfloat16; a T4 runs float16 with smaller flex blocks.",
     ),
     "gpu": Preset(
-        "gpu", "cuda", (4096, 8192, 16384, 512, 1024, 2048), batch=4, heads=16, head_dim=64, long_lengths=(32768,), warmup=3, repeats=11,
-        window=1024, matmul_size=8192, flex_uncompiled=False, time_budget_s=None,
-        description="One GPU, bf16 where supported (fp16 otherwise); the lengths the goals need (4k and up) first; 32k at batch 1.",
+        "gpu",
+        "cuda",
+        (4096, 8192, 16384, 512, 1024, 2048),
+        batch=4,
+        tokens=65536,
+        heads=16,
+        head_dim=64,
+        long_lengths=(32768,),
+        warmup=2,
+        repeats=11,
+        min_calls=3,
+        min_sample_ms=3.0,
+        op_sample_ms=3.0,
+        window=1024,
+        matmul_size=8192,
+        flex_uncompiled=False,
+        time_budget_s=None,
+        description="One GPU, bf16 where supported (fp16 otherwise); the lengths the "
+        "goals need (4k and up) first, 64k tokens per call; 32k at batch 1.",
     ),
     "tiny": Preset(
-        "tiny", "cpu", (64, 128), batch=1, heads=2, head_dim=16, warmup=0, repeats=3, threads=1, window=16, shaw_max_distance=4,
-        t5_buckets=8, t5_max_distance=32, matmul_size=64, hf_rope=False, compile_flex=False, compile_backend="aot_eager", max_bytes=2**28,
-        time_budget_s=120.0, rope_dtypes=("bfloat16",), description="Seconds on a CPU, for tests and the chapter's live run: "
-        "every path at tiny shapes; RoPE compiled with the aot_eager backend (traced, no code generated).",
+        "tiny",
+        "cpu",
+        (64, 128),
+        batch=1,
+        heads=2,
+        head_dim=16,
+        warmup=0,
+        repeats=3,
+        threads=1,
+        window=16,
+        shaw_max_distance=4,
+        t5_buckets=8,
+        t5_max_distance=32,
+        matmul_size=64,
+        hf_rope=False,
+        compile_flex=False,
+        compile_backend="aot_eager",
+        max_bytes=2**28,
+        time_budget_s=120.0,
+        rope_dtypes=("bfloat16",),
+        description="Seconds on a CPU, for tests and the chapter's live run: every "
+        "path at tiny shapes; RoPE compiled with the aot_eager backend (traced, no "
+        "code generated).",
     ),
-}  # fmt: skip
-
-
-TINY_ENV = "POSENC_TINY"  # set (to anything but "" or "0"): preset_here gives the tiny variant (the tests, the emulated device)
-
-
-def tiny(preset: str | Preset) -> Preset:
-    """`preset` at tiny shapes: the same device, schemes, paths, passes and steps, in seconds on a CPU or an emulated GPU.
-
-    Its name gains "_tiny" (its results never overwrite the real preset's), Hugging Face's RoPE is left out
-    (importing transformers takes seconds), and its goals are judged from its first length. Its timings mean nothing.
-    """
-    preset = get_preset(preset)
-    base = preset.name.removesuffix("_tiny")
-    return dataclasses.replace(
-        preset, name=f"{base}_tiny", lengths=(64, 128), long_lengths=(), batch=1, heads=2, head_dim=16,
-        window=16, shaw_max_distance=4, t5_buckets=8, t5_max_distance=32, warmup=1, repeats=3, matmul_size=64,
-        l2_flush_bytes=2**16 if preset.device == "cuda" else None, hf_rope=False, max_bytes=2**28, time_budget_s=300.0, goal_length=64,
-        description=f"{base} at tiny shapes (L = 64 and 128, 2 heads of width 16), for tests: its timings mean nothing.",
-    )  # fmt: skip
-
-
-def preset_here(name: str | Preset) -> Preset:
-    """The preset to run here: `name`'s, or its tiny variant where $POSENC_TINY is set (the tests set it on the emulated GPU)."""
-    preset = get_preset(name)
-    return tiny(preset) if os.environ.get(TINY_ENV, "") not in ("", "0") else preset
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One measurement: a scheme's path, a pass, a shape, a dtype (None: the run's); `skip` says why it will not run."""
-
-    scheme: str
-    path: str
-    pass_: str
-    seq_len: int
-    batch: int
-    skip: str | None = None
-    dtype: torch.dtype | None = None
-
-    @property
-    def dtype_name(self) -> str:
-        return "" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+}
 
 
 def get_preset(preset: str | Preset) -> Preset:
@@ -260,249 +371,7 @@ def get_preset(preset: str | Preset) -> Preset:
         )
     if preset not in PRESETS:
         raise ValueError(
-            f"preset must be one of {', '.join(repr(p) for p in PRESETS)}; got {preset!r}"
+            f"preset must be one of {', '.join(repr(p) for p in PRESETS)}; got "
+            f"{preset!r}"
         )
     return PRESETS[preset]
-
-
-def choose_dtype(
-    device: torch.device, bf16_supported: bool | None = None
-) -> torch.dtype:
-    """float32 on the CPU; on a GPU bfloat16 where the hardware supports it natively, float16 otherwise (a T4, say)."""
-    if torch.device(device).type != "cuda":
-        return torch.float32
-    if bf16_supported is None:
-        bf16_supported = torch.cuda.is_bf16_supported(including_emulation=False)
-    return torch.bfloat16 if bf16_supported else torch.float16
-
-
-def elt(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def nominal_flops(
-    pass_: str, batch: int, heads: int, length: int, head_dim: int
-) -> int:
-    """FLOPs of causal attention: 2 L^2 d per head forward (half of QK^T and PV), 3.5 times that forward+backward."""
-    forward = 2 * batch * heads * length * length * head_dim
-    return forward if pass_ == FORWARD else 7 * forward // 2
-
-
-def estimate_bytes(
-    scheme: str,
-    path: str,
-    pass_: str,
-    batch: int,
-    heads: int,
-    length: int,
-    head_dim: int,
-    elt: int,
-) -> int:
-    """A deliberately generous estimate of a path's peak memory, to skip what cannot fit before trying it."""
-    bhld = batch * heads * length * head_dim * elt
-    if path.startswith("explicit") or path in ("sdpa", "flex_uncompiled"):
-        estimate = (
-            (7 if pass_ == BACKWARD else 4) * batch * heads * length * length * 4
-            + 8 * bhld
-            + 16 * length * length
-        )
-        if (
-            path == "explicit_naive"
-        ):  # the (L, L, d) relative tensors of keys and values
-            estimate += (4 if pass_ == BACKWARD else 2) * length * length * head_dim * 4
-        return estimate
-    return 16 * bhld
-
-
-def _static_skip(preset: Preset, path: str) -> str | None:
-    if path == "flex" and not preset.compile_flex:
-        return f"compiled FlexAttention is left out of the {preset.name} preset (10-20 s of compiling per scheme and shape on a CPU; run with --compile-flex, or see the kernel preset)"
-    if path == "flex_uncompiled" and not preset.flex_uncompiled:
-        return f"uncompiled FlexAttention materialises the (batch, heads, L, L) scores; the {preset.name} preset measures the compiled path 'flex'"
-    if path == "hf_eager" and not preset.hf_rope:
-        return f"Hugging Face's apply_rotary_pos_emb is left out of the {preset.name} preset (importing transformers takes seconds)"
-    return None
-
-
-def memory_limit(preset: Preset, device_memory: int | None) -> int:
-    if preset.max_bytes is not None:
-        return preset.max_bytes
-    if device_memory is None:
-        raise ValueError(
-            f"preset {preset.name!r} sets no max_bytes: give device_memory (bytes)"
-        )
-    return device_memory // 2
-
-
-def plan(
-    preset: str | Preset,
-    device_memory: int | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> list[Task]:
-    """Every measurement of a preset, in the order it runs, each with the reason it will be skipped (or None)."""
-    preset = get_preset(preset)
-    limit = memory_limit(preset, device_memory)
-    wanted = lambda scheme, path: (
-        scheme in preset.schemes
-        and (preset.paths is None or path in preset.paths or (scheme, path) == BASELINE)
-    )  # noqa: E731
-    tasks = []
-    for length, batch in [(n, preset.batch) for n in preset.lengths] + [
-        (n, 1) for n in preset.long_lengths
-    ]:
-        if wanted("copy", "clone"):
-            tasks.append(Task("copy", "clone", FORWARD, length, batch))
-        for dt in (None, *(getattr(torch, name) for name in preset.rope_dtypes)):
-            tasks += [
-                Task(
-                    "rope", path, FORWARD, length, batch, _static_skip(preset, path), dt
-                )
-                for path in OPERATION_PATHS["rope"]
-                if wanted("rope", path)
-            ]
-        for scheme, paths in SCHEME_PATHS.items():
-            for path in (p for p in paths if wanted(scheme, p)):
-                for pass_ in preset.passes:
-                    skip = _static_skip(preset, path)
-                    need = estimate_bytes(
-                        scheme,
-                        path,
-                        pass_,
-                        batch,
-                        preset.heads,
-                        length,
-                        preset.head_dim,
-                        elt(dtype),
-                    )
-                    if skip is None and need > limit:
-                        skip = f"needs about {need / 2**30:.1f} GiB by estimate, over this run's limit of {limit / 2**30:.1f} GiB"
-                    tasks.append(Task(scheme, path, pass_, length, batch, skip))
-    return tasks
-
-
-# ----------------------------------------------------------------------------------------------- the time a plan takes
-
-
-@dataclasses.dataclass(frozen=True)
-class CostModel:
-    """Assumptions behind a time estimate; each is stated, none measured here. Correct them from a run's first_call_s."""
-
-    name: str
-    compile_forward_s: (
-        float  # one torch.compile of FlexAttention (or RoPE), forward, one shape
-    )
-    compile_backward_s: (
-        float  # the same with its backward (forward and backward graphs)
-    )
-    tflops: float  # FLOP/s (in 1e12) the attention kernels achieve
-    bandwidth_gbs: (
-        float  # bytes/s (in 1e9) an elementwise or materialising path achieves
-    )
-    call_overhead_ms: float  # launch and Python overhead of one call
-    fixed_s: float  # imports, device start, block fractions, the matmul reference
-
-
-BUDGET_MARGIN = 1.5  # a preset without a time budget gets this many times its estimate
-COST_MODELS = {
-    "t4": CostModel("t4", compile_forward_s=12.0, compile_backward_s=30.0, tflops=20.0, bandwidth_gbs=220.0, call_overhead_ms=0.1, fixed_s=20.0),
-    "a100": CostModel("a100", compile_forward_s=8.0, compile_backward_s=20.0, tflops=150.0, bandwidth_gbs=1300.0, call_overhead_ms=0.05, fixed_s=15.0),
-    "h100": CostModel("h100", compile_forward_s=6.0, compile_backward_s=15.0, tflops=300.0, bandwidth_gbs=2500.0, call_overhead_ms=0.05, fixed_s=15.0),
-    "cpu": CostModel("cpu", compile_forward_s=15.0, compile_backward_s=40.0, tflops=0.05, bandwidth_gbs=10.0, call_overhead_ms=0.05, fixed_s=5.0),
-}  # fmt: skip
-REFERENCE_BACKENDS = 3  # causal SDPA backends timed per shape and pass to choose the baseline's (cuDNN, flash, efficient)
-BACKEND_CALLS = 4  # calls per backend when choosing (one warm-up, three timed)
-
-
-def budget(
-    preset: str | Preset,
-    device_memory: int | None = None,
-    dtype: torch.dtype = torch.float32,
-    model: str | CostModel | None = None,
-) -> dict:
-    """Compiles and calls of a preset's plan, and the seconds they take under `model` (default: "t4" on cuda, "cpu").
-
-    Per measurement that runs: its check (one call of the path, one of its reference per scheme,
-    pass and shape), `warmup` calls, `repeats` timed rounds, one call for peak memory and one with
-    fresh caches for the kept bytes. Per shape and pass on a GPU, the causal SDPA backends are timed
-    to choose the baseline's. A compiled path compiles once per shape and pass (dynamic=False), at
-    its check. A call takes overhead + max(FLOPs / FLOP/s, bytes / bandwidth), its bytes the memory
-    estimate of `estimate_bytes`; on a GPU each timed call is preceded by an L2 flush (its bytes).
-    """
-    preset = get_preset(preset)
-    model = (
-        COST_MODELS[model or ("t4" if preset.device == "cuda" else "cpu")]
-        if not isinstance(model, CostModel)
-        else model
-    )
-    tasks = [t for t in plan(preset, device_memory, dtype) if t.skip is None]
-    compiles = Counter(t.pass_ for t in tasks if t.path in COMPILED)
-    calls = compile_s = run_s = 0.0
-    flush = (preset.l2_flush_bytes or 2 * 50 * 2**20) if preset.device == "cuda" else 0
-    references = set()
-    for t in tasks:
-        dt = t.dtype or dtype
-        operation = t.scheme in OPERATION_PATHS
-        flops = (
-            0
-            if operation
-            else nominal_flops(
-                t.pass_, t.batch, preset.heads, t.seq_len, preset.head_dim
-            )
-        )
-        traffic = estimate_bytes(
-            t.scheme,
-            t.path,
-            t.pass_,
-            t.batch,
-            preset.heads,
-            t.seq_len,
-            preset.head_dim,
-            elt(dt),
-        )
-        one = model.call_overhead_ms / 1e3 + max(
-            flops / (model.tflops * 1e12), traffic / (model.bandwidth_gbs * 1e9)
-        )
-        n = 1 + preset.warmup + preset.repeats + 2
-        references.add((t.scheme, t.pass_, t.seq_len, t.batch, t.dtype))
-        calls += n
-        run_s += n * one + preset.repeats * flush / (model.bandwidth_gbs * 1e9)
-        if t.path in COMPILED:
-            compile_s += (
-                model.compile_backward_s
-                if t.pass_ == BACKWARD
-                else model.compile_forward_s
-            )
-    shapes = {
-        (t.seq_len, t.batch, t.pass_) for t in tasks if t.scheme not in OPERATION_PATHS
-    }
-    if preset.device == "cuda":
-        for length, batch, pass_ in shapes:
-            flops = nominal_flops(pass_, batch, preset.heads, length, preset.head_dim)
-            calls += REFERENCE_BACKENDS * BACKEND_CALLS
-            run_s += (
-                REFERENCE_BACKENDS
-                * BACKEND_CALLS
-                * (model.call_overhead_ms / 1e3 + flops / (model.tflops * 1e12))
-            )
-    calls += len(references)
-    estimate = round(
-        model.fixed_s
-        + compile_s
-        + run_s
-        + 2 * len(references) * model.call_overhead_ms / 1e3,
-        1,
-    )
-    return {
-        "preset": preset.name, "model": dataclasses.asdict(model), "measurements": len(tasks), "compiles": sum(compiles.values()),
-        "compiles_by_pass": dict(compiles), "calls": int(calls), "compile_s": round(compile_s, 1), "run_s": round(run_s, 1),
-        "estimate_s": estimate, "time_budget_s": time_budget(preset, estimate),
-    }  # fmt: skip
-
-
-def time_budget(preset: Preset, estimate_s: float) -> float:
-    """The preset's own budget where it states one, else BUDGET_MARGIN times the estimate."""
-    return (
-        float(preset.time_budget_s)
-        if preset.time_budget_s is not None
-        else round(BUDGET_MARGIN * estimate_s, 0)
-    )
