@@ -29,6 +29,31 @@ def t5_relative_bucket(
     distance beyond it shares the last bucket. `bidirectional=True` (encoder)
     gives keys after the query their own half of the buckets; `False` (decoder)
     maps every key after the query to bucket 0 with distance 0.
+
+    Args:
+        relative_position: key_position - query_position, integers of any shape.
+        bidirectional: encoder (True) or decoder (False) buckets.
+        num_buckets: the buckets in all (both directions when bidirectional: then
+            even).
+        max_distance: the distance from which on every key shares the last bucket.
+
+    Returns:
+        The buckets, int64, of the shape of `relative_position`, in
+        [0, num_buckets).
+
+    Raises:
+        TypeError: `relative_position` is not integers, or `num_buckets` or
+            `max_distance` not an integer.
+        ValueError: `num_buckets` is odd (bidirectional) or leaves no exact bucket,
+            or `max_distance` does not exceed the exact buckets.
+
+    Example:
+        >>> import torch, posenc
+        >>> distances = torch.tensor([-200, -20, -3, 0, 3, 20, 200])
+        >>> posenc.t5_relative_bucket(distances).tolist()
+        [15, 10, 3, 0, 19, 26, 31]
+        >>> posenc.t5_relative_bucket(distances, bidirectional=False).tolist()
+        [31, 17, 3, 0, 0, 0, 0]
     """
     split = "bidirectional buckets are split between keys before and after the query"
     positive_int("num_buckets", num_buckets, even=split if bidirectional else None)
@@ -76,6 +101,35 @@ class T5Bias(Scheme):
     the bias once, in the first layer, and every layer reuses it. T5 also drops the
     1 / sqrt(head_dim) scaling (pass scale=1.0 to posenc.attention to match a T5
     checkpoint).
+
+    Registered as ``"t5"``.
+
+    Args:
+        num_heads: the number of heads, one learned scalar per bucket each.
+        num_buckets: the buckets (split between the two directions when
+            bidirectional: then even).
+        max_distance: the distance past which every key shares its direction's
+            last bucket.
+        bidirectional: True for an encoder (keys after the query have buckets of
+            their own), False for a decoder.
+        init_std: the standard deviation of the table's normal initialisation.
+
+    Raises:
+        TypeError: `num_heads`, `num_buckets` or `max_distance` is not an integer.
+        ValueError: `num_buckets` is odd (bidirectional) or too small for one exact
+            bucket, `max_distance` does not exceed the exact buckets, or `init_std`
+            <= 0.
+
+    Example:
+        >>> import torch, posenc
+        >>> t5 = posenc.T5Bias(num_heads=4)
+        >>> t5.hook, t5.table.shape  # (num_buckets, num_heads), learned
+        ('score', torch.Size([32, 4]))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> q, k, v = torch.randn(3, 1, 4, 6, 8, generator=g)
+        >>> out = posenc.attention(q, k, v, t5, scale=1.0)  # T5 drops 1/sqrt(head_dim)
+        >>> sdpa = posenc.attention(q, k, v, t5, scale=1.0, backend="sdpa")
+        >>> torch.testing.assert_close(sdpa, out)
     """
 
     name = "t5"
@@ -106,10 +160,22 @@ class T5Bias(Scheme):
         buckets = t5_relative_bucket(near, bidirectional, num_buckets, max_distance)
         self.register_buffer("buckets", buckets, persistent=False)
 
-    def score_mod(self, score, b, h, q_pos, k_pos):
-        # distances beyond max_distance share the last bucket: clamped, then looked up
-        near = (k_pos - q_pos).clamp(-self.max_distance, self.max_distance)
-        return score + self.table[self.buckets[near + self.max_distance], h]
+    @property
+    def score_mod(self):
+        """score + the bias of the distance's bucket and the head, as a score_mod.
+
+        The bias of every distance from -max_distance to max_distance is gathered from
+        the learned table once per call (a (2 max_distance + 1, heads) table, which
+        follows the table's gradient), so the kernel reads one entry per score;
+        distances beyond share their direction's last bucket.
+        """
+        by_distance, limit = self.table[self.buckets], self.max_distance
+
+        def t5_bias(score, b, h, q_pos, k_pos):
+            near = (k_pos - q_pos).clamp(-limit, limit)
+            return score + by_distance[near + limit, h]
+
+        return t5_bias
 
     def extra_repr(self) -> str:
         return (
