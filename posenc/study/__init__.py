@@ -10,13 +10,8 @@ presets names the benchmark's presets, bench_plan plans a run and bench_budget p
 it; bench_paths builds the benchmark's measured paths and bench_checks checks them;
 timing times them (interleaved samples, a steady allocator); bench_run runs a preset and
 bench_files writes and reads its files; goals (with goal_rules) judges them;
-extrapolation_presets sizes the study and extrapolation_budget estimates a preset's
-time, extrapolation_layers builds its models (the layer recipes, ALiBi's slope sets, the
-context extensions), extrapolation_runs trains and evaluates one model,
-extrapolation_eval scores it, extrapolation_weights keeps trained weights outside the
-repository so ablations re-evaluate them, extrapolation_check repeats runs bit for bit,
-longcontext is the copy probe, and verdicts the t, exact binomial and Holm tests the
-chapter's claims rest on; extrapolation and benchmark are the
+extrapolation_presets sizes the study (and estimates a preset's time),
+extrapolation_runs trains and evaluates one model; extrapolation and benchmark are the
 two entry points (`python -m posenc.study.extrapolation`, `python -m
 posenc.study.benchmark`), and gpu (with gpu_stages and gpu_chapters) the one command for
 a first GPU run (`python -m posenc.study.gpu`).
