@@ -137,8 +137,10 @@ def rotate_pairs(
     DeepSeek's multi-head latent attention.
     Each product is rounded before the sum, as in Hugging Face's
     `q * cos + rotate_half(q) * sin`, so with the same cos and sin the result is
-    bit-identical to it. Without gradients it is written into one output tensor with a
-    single half-size scratch buffer (no rotate_half copy, no full-size temporaries);
+    bit-identical to it. Without gradients the output is x times cos (cos repeated to
+    the head's width) in one pass over contiguous memory, and each half then takes its
+    sin product in place through one half-size scratch buffer (no rotate_half copy; on
+    a CPU, short strided loops over the halves cost more than one contiguous pass);
     with gradients the same arithmetic runs out of place (torch's out= records no
     graph), and so it does under torch.compile: the compiler fuses the out-of-place
     form into one loop at a copy's speed, while the out= writes into views of one
@@ -172,13 +174,15 @@ def rotate_pairs(
             if layout == "half"
             else torch.stack((first, second), -1).flatten(-2)
         )
-    shape = torch.broadcast_shapes(x.shape[:-1], cos.shape[:-1]) + (x.shape[-1],)
-    out = torch.empty(
-        shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device
+    both = (
+        torch.cat((cos, cos), -1)
+        if layout == "half"
+        else torch.stack((cos, cos), -1).flatten(-2)
     )
+    out = x * both  # (x1 cos, x2 cos), each product rounded
     o1, o2 = _pairs(out, layout)
     scratch = torch.mul(x2, sin)
-    torch.mul(x1, cos, out=o1).sub_(scratch)
+    o1.sub_(scratch)
     torch.mul(x1, sin, out=scratch)
-    torch.mul(x2, cos, out=o2).add_(scratch)
+    o2.add_(scratch)
     return out
