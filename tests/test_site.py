@@ -188,6 +188,9 @@ def doms(server):
 @pytest.mark.parametrize("page", PAGES)
 def test_math_is_typeset(doms, page):
     dom = doms[page]
+    if 'class="math' not in dom:  # the API reference: docstrings, no formulas
+        assert page not in CHAPTER_PAGES, f"{page}: a chapter without math?"
+        pytest.skip(f"{page} has no math to typeset")
     assert dom.count("<mjx-container") > 0, f"{page}: no typeset math (MathJax did not run?)"
     assert "<mjx-merror" not in dom, f"{page}: MathJax reports a TeX error: {re.findall(r'<mjx-merror.{0,300}', dom)[:3]}"
     raw = re.findall(r"class=\"math[^\"]*\">\s*(\\[(\[].{0,80})", dom)
