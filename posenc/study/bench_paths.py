@@ -218,9 +218,10 @@ class Runner:
         """The kernel posenc.attention(backend="flex") runs, called directly.
 
         posenc's compiled FlexAttention with the scheme's score_mod and the block mask
-        posenc builds for the shape: what is left of a flex call without posenc. The block
-        mask is made once per shape; the score_mod once per call, as posenc makes it, since
-        a learned table's gather (T5's) belongs to the graph each backward pass walks.
+        posenc builds for the shape: what is left of a flex call without posenc. The
+        block mask is made once per shape; the score_mod once per call, as posenc makes
+        it, since a learned table's gather (T5's) belongs to the graph each backward
+        pass walks.
         """
         from ..core import compiled_flex_attention, flex_kernel_options
         from ..kernel import block_mask, index_score_mod
@@ -239,10 +240,13 @@ class Runner:
                     None, None, q.shape[2], k.shape[2], q.shape[0], q.device
                 )
                 options = flex_kernel_options(q.device)
-                made[key] = positions, dict(
-                    block_mask=block_mask(scheme, positions, True, q, k, None),
-                    scale=1.0 / math.sqrt(q.shape[-1]),
-                    **({} if options is None else {"kernel_options": options}),
+                made[key] = (
+                    positions,
+                    dict(
+                        block_mask=block_mask(scheme, positions, True, q, k, None),
+                        scale=1.0 / math.sqrt(q.shape[-1]),
+                        **({} if options is None else {"kernel_options": options}),
+                    ),
                 )
             positions, fixed = made[key]
             score_mod = index_score_mod(scheme, positions, q)

@@ -111,13 +111,13 @@ def finished_runs(csv_path: Path) -> set[tuple[str, int]]:
 _WORKER: dict = {}
 
 
-def _start_worker(preset: Preset) -> None:
+def _start_worker(preset: Preset, corpus_root: Path | None = None) -> None:
     """A process of the pool: its threads, the corpus and the evaluation sequences,
     once.
     """
     if preset.threads:
         torch.set_num_threads(preset.threads)
-    corpus = load_corpus(preset.corpus_bytes)
+    corpus = load_corpus(preset.corpus_bytes, root=corpus_root)
     _WORKER.update(
         preset=preset, corpus=corpus, evaluation=Evaluation(corpus, preset, World())
     )
@@ -134,7 +134,12 @@ def _run_in_worker(
 
 
 def study(
-    preset: Preset, out_dir: Path, labels=None, fresh: bool = False, quiet: bool = False
+    preset: Preset,
+    out_dir: Path,
+    labels=None,
+    fresh: bool = False,
+    quiet: bool = False,
+    corpus_root: Path | None = None,
 ) -> tuple[Path, Path, Path]:
     """Run every (scheme, seed) not already in the results file; write the CSVs and the
     metadata JSON.
@@ -144,7 +149,9 @@ def study(
     torchrun every process trains and evaluates its share; the first one writes the
     files. Otherwise `preset.jobs` processes train whole runs side by side (each run's
     numbers are the same as alone: a run depends on its preset and seed only, at a fixed
-    thread count).
+    thread count). `corpus_root` reads the corpus from another standard library's
+    sources (`python -m posenc.study.gpu --corpus`: the stored run's bytes on another
+    Python); by default, the running Python's.
     """
     world, device = join_world(preset.device)
     csv_path, seq_path, json_path = result_paths(preset.name, Path(out_dir))
@@ -156,7 +163,7 @@ def study(
         )
     if preset.threads:
         torch.set_num_threads(preset.threads)
-    corpus = load_corpus(preset.corpus_bytes)
+    corpus = load_corpus(preset.corpus_bytes, root=corpus_root)
     todo = None
     if world.main:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -232,7 +239,10 @@ def study(
     ):  # runs side by side, one process each
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(
-            preset.jobs, mp_context=spawn, initializer=_start_worker, initargs=(preset,)
+            preset.jobs,
+            mp_context=spawn,
+            initializer=_start_worker,
+            initargs=(preset, corpus_root),
         ) as pool:
             futures = [pool.submit(_run_in_worker, label, seed) for label, seed in todo]
             for i, future in enumerate(as_completed(futures)):

@@ -53,21 +53,16 @@ NOT_BENCHMARKED = frozenset(
         "study/extrapolation_presets.py",
         "study/extrapolation_eval.py",
         "study/extrapolation_budget.py",
-        "study/extrapolation_check.py",
-        "study/extrapolation_layers.py",
         "study/extrapolation_runs.py",
-        "study/extrapolation_weights.py",
         "study/gpu.py",
         "study/gpu_chapters.py",
         "study/gpu_stages.py",
-        "study/longcontext.py",
         "study/ngram.py",
         "study/passkey.py",
         "study/results.py",
         "study/runinfo.py",
         "study/summary.py",
         "study/tasks.py",
-        "study/verdicts.py",
     }
 )
 
