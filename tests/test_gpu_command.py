@@ -164,3 +164,20 @@ def test_a_chapter_becomes_plain_python(tmp_path):
     assert "pass  # (display: see the prologue)" in script  # IPython's display where it is, else print
     lines = script.splitlines()
     assert owner[lines.index("b = a + 1")] == 2 and owner[lines.index("a = 1")] == 1 and owner[0] == 0
+
+
+def test_chapters_side_by_side_each_get_their_own_status(machine, tmp_path):
+    _, chapters, env = machine
+    out = tmp_path / "out"
+    done = subprocess.run(command(out, chapters, 5, "--stages", "chapters", "--jobs", "2"), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "chapters.json").read_text())["chapters"]
+    assert list(report) == ["fails", "ok"]  # the chapters' order, whichever ended first
+    assert report["ok"]["status"] == "passed" and report["fails"]["status"] == "failed"
+    assert report["fails"]["cell"] == 2 and "on purpose" in report["fails"]["error"][-1]
+
+
+def test_jobs_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit):
+        gpu.main(["--out", str(tmp_path), "--jobs", "0"])

@@ -1,6 +1,6 @@
 """Every GPU number the course needs, from one command bounded in time.
 
-    python -m posenc.study.gpu --minutes 8 --out DIR [--corpus STDLIB.tar.gz]
+    python -m posenc.study.gpu --minutes 8 --out DIR [--corpus STDLIB.tar.gz] [--jobs N]
     python -m posenc.study.gpu --pack-corpus STDLIB.tar.gz  # where the study was made
 
 Runs in priority order, each stage in a process of its own, bounded by the time left and
@@ -16,7 +16,8 @@ finished stage's files whole:
 3. crosscheck: DIR/crosscheck.json, the kernel time torch.profiler sees beside the event
    time of a few key paths (what host overhead the event times hold);
 4. chapters: every chapter top to bottom on the GPU as plain Python (no Jupyter needed),
-   the closing two at tiny size, each with a time cap: DIR/chapters.json;
+   the closing two at tiny size, each with a time cap, --jobs N of them side by side
+   (they share the GPU; their times are not measurements): DIR/chapters.json;
 5. study: the extrapolation study's `colab` preset, DIR/extrapolation_colab*, on the
    same bytes as the stored CPU run when --corpus gives them (else its loss levels are
    not comparable with the stored run's, and stages.json says so).
@@ -192,6 +193,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         child += ["--corpus", args.corpus] if args.corpus else []
         child += ["--chapters", *args.chapters] if args.chapters else []
         child += ["--chapters-dir", args.chapters_dir] if args.chapters_dir else []
+        child += ["--jobs", str(args.jobs)]
         code, seconds = run_child(child, budget, env)
         note_path = work / f"{name}.json"
         note = json.loads(note_path.read_text()) if note_path.exists() else {}
@@ -253,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", nargs="+", choices=STAGES, help="only these")
     parser.add_argument("--chapters", nargs="+", help="only these chapters (names)")
     parser.add_argument("--chapters-dir", help="where the chapters are (default: ours)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="chapters run side by side (default 1)"
+    )
     parser.add_argument("--pack-corpus", metavar="FILE", help="write the corpus, stop")
     parser.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)
@@ -269,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_stage(args)
     if args.minutes <= 0:
         parser.error(f"--minutes must be positive, got {args.minutes}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     return orchestrate(args)
 
 

@@ -17,7 +17,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .gpu import write_json
@@ -119,17 +121,26 @@ def run_chapters(args, out: Path, work: Path) -> dict:
     if args.resume and earlier.exists():  # run again: the chapters that ran are kept
         ran = json.loads(earlier.read_text())["chapters"]
         report["chapters"] = {n: e for n, e in ran.items() if e["status"] != "skipped"}
-    for name in names:
-        if name in report["chapters"]:
-            continue
+    lock = threading.Lock()
+
+    def record(name: str, entry: dict) -> None:
+        with lock:
+            report["chapters"][name] = entry
+            ordered = {
+                n: report["chapters"][n] for n in names if n in report["chapters"]
+            }
+            write_json(out / "chapters.json", {**report, "chapters": ordered})
+        print(
+            f"chapter {name}: {entry['status']} in {entry.get('seconds')} s", flush=True
+        )
+
+    def run_one(name: str) -> None:
         left = deadline - time.time()
         if left < MIN_CHAPTER_S:
-            report["chapters"][name] = {
-                "status": "skipped",
-                "reason": f"no time left ({left:.0f} s)",
-            }
-            write_json(out / "chapters.json", report)
-            continue
+            record(
+                name, {"status": "skipped", "reason": f"no time left ({left:.0f} s)"}
+            )
+            return
         script, owner = chapter_script(folder / f"{name}.ipynb")
         path = work / f"chapter_{name}.py"
         path.write_text(script)
@@ -156,9 +167,12 @@ def run_chapters(args, out: Path, work: Path) -> dict:
             entry["status"] = "failed"
             entry["cell"] = _failing_cell(text, path, owner)
             entry["error"] = text.strip().splitlines()[-15:]
-        report["chapters"][name] = entry
-        write_json(out / "chapters.json", report)
-        print(f"chapter {name}: {entry['status']} in {seconds} s", flush=True)
+        record(name, entry)
+
+    todo = [n for n in names if n not in report["chapters"]]
+    # chapters share the GPU, not their timings: `jobs` of them run side by side
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs or 1)) as pool:
+        list(pool.map(run_one, todo))
     entries = report["chapters"].values()
     passed = sum(e["status"] == "passed" for e in entries)
     left = sum(e["status"] == "skipped" for e in entries)
