@@ -24,7 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_mask, check_qkv, check_scheme_mask, choice
-from .flex import LSE, compiled_flex_attention, cpu_compiles_flex, flex_kernel_options
+from .flex import (  # noqa: F401 - flex_kernel_options is read from here too
+    LSE,
+    call_fitting,
+    compiled_flex_attention,
+    cpu_compiles_flex,
+    flex_kernel_options,
+)
 from .kernel import (
     additive_mask,
     bias_table,
@@ -223,10 +229,10 @@ def _flex(q, k, v, scheme, positions, causal, mask, scale, compiled: bool):
         score_mod = softcap_score_mod(scheme.softcap, score_mod)
     blocks = block_mask(scheme, positions, causal, q, k, mask)
     sinks = getattr(scheme, "sinks", None)
-    run = compiled_flex_attention() if compiled else flex_attention
-    options = flex_kernel_options(q.device) if compiled else None
-    if options is not None:  # a GPU with little shared memory (a T4, an L4)
-        run = functools.partial(run, kernel_options=options)
+    run = flex_attention
+    if compiled:  # blocks that fit the GPU's shared memory (a T4, an L4; T5 on an H100)
+        key = (scheme.name, str(q.device), q.dtype, q.shape[-1], k.shape[-1])
+        run = functools.partial(call_fitting, compiled_flex_attention(), q.device, key)
     with warnings.catch_warnings():
         # uncompiled FlexAttention warns that it materialises the scores: that is what
         # this backend is for

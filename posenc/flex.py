@@ -2,6 +2,8 @@
 
 * `compiled_flex_attention`: FlexAttention compiled once per process;
 * `flex_kernel_options`: smaller blocks on GPUs with little shared memory;
+* `call_fitting`: a compiled call retried with smaller blocks where its kernel asks
+  for more shared memory than the GPU has;
 * `cpu_compiles_flex`: whether torch's inductor can compile it for this CPU;
 * `LSE`: the keyword that makes it return its log-sum-exp (for sink logits).
 """
@@ -72,6 +74,52 @@ def flex_kernel_options(device: torch.device) -> dict | None:
     if shared >= SMALL_SHARED_MEMORY:
         return None
     return dict(FLEX_BLOCKS_MEDIUM if shared >= 96 * 1024 else FLEX_BLOCKS_SMALL)
+
+
+# where inductor's blocks need more shared memory than the GPU has (T5's gathered bias
+# on an H200 in bfloat16 at d_h = 64 asked 240 KiB of its 227 with blocks of 128 x 128),
+# these, in this order: the blocks an A100 gets by default, then the smaller ones
+FLEX_BLOCKS_LARGE = {
+    "BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 3, "num_warps": 4,
+    "BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64,
+}  # fmt: skip
+FLEX_BLOCKS_LADDER = (None, FLEX_BLOCKS_LARGE, FLEX_BLOCKS_MEDIUM, FLEX_BLOCKS_SMALL)
+_fitted: dict = {}
+
+
+def out_of_shared_memory(error: BaseException) -> bool:
+    """Whether `error` is a kernel's compile asking more shared memory than the GPU has
+    (Triton's OutOfResources, as inductor reports it)."""
+    text = f"{type(error).__name__}: {error}"
+    return "OutOfResources" in text or "out of resource" in text
+
+
+def call_fitting(run, device: torch.device, key, *args, **kwargs):
+    """`run(*args, **kwargs)` (a compiled FlexAttention) with the kernel_options of
+    flex_kernel_options(device), and on a GPU whose shared memory they overflow,
+    with each smaller set of FLEX_BLOCKS_LADDER in turn; the set that fitted is kept
+    for `key` (what decides the kernel: the score_mod, dtype and head width)."""
+    first = _fitted.get(key, flex_kernel_options(device))
+    ladder = FLEX_BLOCKS_LADDER[FLEX_BLOCKS_LADDER.index(first) :]
+    failed = None
+    for options in ladder if torch.device(device).type == "cuda" else (first,):
+        try:
+            out = run(
+                *args,
+                **kwargs,
+                **({} if options is None else {"kernel_options": options}),
+            )
+        except Exception as error:
+            if not out_of_shared_memory(error):
+                raise
+            failed = error
+            continue
+        _fitted[key] = options
+        return out
+    raise RuntimeError(
+        f"compiled FlexAttention for {key} needs more shared memory than this GPU has "
+        f"with every block size posenc tries (FLEX_BLOCKS_LADDER): {failed}"
+    ) from failed
 
 
 def cpu_compiles_flex() -> bool:

@@ -355,6 +355,6 @@ def describe(
 
 
 def _flex_options(device: torch.device) -> dict | None:
-    from ..core import flex_kernel_options
+    from ..flex import flex_kernel_options
 
     return flex_kernel_options(device)

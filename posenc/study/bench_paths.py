@@ -223,7 +223,7 @@ class Runner:
         it, since a learned table's gather (T5's) belongs to the graph each backward
         pass walks.
         """
-        from ..core import compiled_flex_attention, flex_kernel_options
+        from ..flex import call_fitting, compiled_flex_attention
         from ..kernel import block_mask, index_score_mod
         from ..positions import Positions
 
@@ -239,18 +239,26 @@ class Runner:
                 positions = Positions.resolve(
                     None, None, q.shape[2], k.shape[2], q.shape[0], q.device
                 )
-                options = flex_kernel_options(q.device)
                 made[key] = (
                     positions,
                     dict(
                         block_mask=block_mask(scheme, positions, True, q, k, None),
                         scale=1.0 / math.sqrt(q.shape[-1]),
-                        **({} if options is None else {"kernel_options": options}),
                     ),
                 )
             positions, fixed = made[key]
             score_mod = index_score_mod(scheme, positions, q)
-            return compiled_flex_attention()(q, k, v, score_mod=score_mod, **fixed)
+            fitting = (scheme.name, str(q.device), q.dtype, q.shape[-1], k.shape[-1])
+            return call_fitting(
+                compiled_flex_attention(),
+                q.device,
+                fitting,
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                **fixed,
+            )
 
         return fn
 

@@ -63,7 +63,7 @@ def sdpa_backends(device, dtype, length: int = 4096) -> dict:
 def environment(args, out: Path) -> dict:
     """DIR/environment.json: the machine, its versions, what its GPU accepts."""
     from .. import __version__
-    from ..core import flex_kernel_options
+    from ..flex import flex_kernel_options
     from .bench_plan import choose_dtype
     from .runinfo import cpu_model, cuda_info, git_state, source_sha256
 
@@ -167,10 +167,13 @@ def crosscheck(args, out: Path) -> dict:
                     fn()
                 if device.type == "cuda":
                     torch.cuda.synchronize()
+            # the kernels' own events: an operator's self device time is its
+            # kernels' again (summing both counted every kernel twice on an H200)
             kernel_us = sum(
                 getattr(e, "self_device_time_total", None)
                 or getattr(e, "self_cuda_time_total", 0)
                 for e in prof.key_averages()
+                if e.device_type == torch.autograd.DeviceType.CUDA
             )
             row["kernel_ms"] = kernel_us / 1e3 / 5 if kernel_us else None
             if row["kernel_ms"] is None:
