@@ -68,6 +68,7 @@ def test_a_t4_runs_float16_with_small_flex_blocks(t4, monkeypatch, tmp_path):
         return emulated(*args, **kwargs)
 
     monkeypatch.setattr(flex, "flex_attention", recording)
+    monkeypatch.setattr(FLEX, "_fitted", {})  # the blocks fitted by earlier tests of this process left out
     core.compiled_flex_attention.cache_clear()
     try:
         q, k, v = (torch.randn(1, 2, 64, 16, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -79,6 +80,8 @@ def test_a_t4_runs_float16_with_small_flex_blocks(t4, monkeypatch, tmp_path):
         core.compiled_flex_attention.cache_clear()
     assert meta["device"]["name"] == "Tesla T4" and meta["dtype"] == "float16"
     assert meta["flex_kernel_options"] == FLEX.FLEX_BLOCKS_SMALL and meta["budget"]["model"]["name"] == "t4"
+    # the T4's blocks fitted at once: every flex key ran with them, none was retried
+    assert set(map(str, meta["flex_blocks_fitted"].values())) == {str(FLEX.FLEX_BLOCKS_SMALL)}
     flex_rows = [r for r in rows if r["path"] == "flex"]
     assert flex_rows and all(r["status"] == "ok" and r["dtype"] == "float16" for r in flex_rows)
     assert all(options == FLEX.FLEX_BLOCKS_SMALL for options in seen[1:])  # every compiled call, checks included

@@ -330,6 +330,7 @@ def describe(
         reference_chunks=runner.reference_chunks,
         clocks=clocks or None,
         flex_kernel_options=_flex_options(device),
+        flex_blocks_fitted=_flex_fitted(device),
         cpu_affinity=sorted(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
         else None,
@@ -352,6 +353,20 @@ def describe(
             rows, runner.fractions, device.type, preset.goal_length, runner.samples
         ),
     )
+
+
+def _flex_fitted(device: torch.device) -> dict:
+    """The kernel_options each compiled FlexAttention key (scheme, device, dtype, head
+    widths) ran with on `device` in this process (None: inductor's own): where the
+    first ones overflowed the GPU's shared memory, the smaller ones that fitted
+    (posenc.flex.call_fitting)."""
+    from ..flex import _fitted
+
+    return {
+        " ".join(map(str, key)): options
+        for key, options in _fitted.items()
+        if torch.device(key[1]).type == device.type
+    }
 
 
 def _flex_options(device: torch.device) -> dict | None:
