@@ -24,13 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_mask, check_qkv, check_scheme_mask, choice
-from .flex import (  # noqa: F401 - flex_kernel_options is read from here too
-    LSE,
-    call_fitting,
-    compiled_flex_attention,
-    cpu_compiles_flex,
-    flex_kernel_options,
-)
+from .flex import LSE, call_fitting, compiled_flex_attention, cpu_compiles_flex
+from .flex import flex_kernel_options  # noqa: F401 - read from here too
 from .kernel import (
     additive_mask,
     bias_table,

@@ -165,7 +165,7 @@ def test_study_writes_the_results_contract_and_resumes(tmp_path):
         assert key in meta
     assert meta["seeds"] == list(TINY.seeds) and set(meta["ngram_baselines"]) == {"bigram", "trigram", "4gram"}
     assert meta["versions"]["torch"] == torch.__version__ and meta["device"]["type"] == "cpu"
-    assert set(meta["wall_seconds"]) == {"alibi/0", "learned/0"}
+    assert set(meta["wall_seconds"]) == {"alibi/0", "learned/0"} and meta["date_end"] >= meta["date"]
     sequences = summary.read_sequences(seq_path.read_text())
     table = summary.bootstrap(sequences, replicates=50)
     assert (table.lo <= table["mean"] + 1e-12).all() and (table["mean"] <= table.hi + 1e-12).all()
@@ -178,8 +178,9 @@ def test_study_writes_the_results_contract_and_resumes(tmp_path):
         summary.bucket_rise(sequences, 2 * TINY.train_len, 8 * TINY.train_len)
     xp.study(TINY, tmp_path, labels=["alibi", "learned"], quiet=True)  # nothing left to run
     assert len(list(csv.DictReader(csv_path.open()))) == len(rows)
-    outcome = xp.check(TINY, tmp_path, "learned", 0)  # a re-run gives the stored rows bit for bit, NaN notes included
+    [outcome] = xp.check(TINY, tmp_path, "learned/0")  # a re-run gives the stored rows bit for bit, NaN notes included
     assert outcome["identical"] and outcome["rows"] == sum(r["run"] == "learned" for r in rows)
+    assert outcome["sequence_rows"] == sum(r["run"] == "learned" for r in csv.DictReader(seq_path.open())) > 0
     assert json.loads(json_path.read_text())["reproduction_checks"] == [outcome]
 
 
@@ -220,7 +221,7 @@ def _study_command(processes: int, out: Path) -> list[str]:
 
 def test_two_gloo_processes_equal_one_process(tmp_path):
     """DistributedDataParallel over two CPU processes (gloo) gives the one-process results, same global batch."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "POSENC_WEIGHTS": str(tmp_path / "weights")}
     for processes in (1, 2):
         done = subprocess.run(_study_command(processes, tmp_path / str(processes)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -243,7 +244,7 @@ def test_runs_side_by_side_write_what_one_process_writes(tmp_path):
 
 def test_gpu_preset_runs_at_its_own_shapes(corpus):
     """The gpu preset (8 heads of 32, L = 256, 8L = 2,048) has not run on a GPU yet: one step of it on the CPU shows the shapes fit."""
-    gpu = replace(xp.PRESETS["gpu"], device="cpu", steps=1, finetune_steps=1, eval_sequences=2, sliding_sequences=2, passkey_count=1,
+    gpu = replace(xp.PRESETS["gpu"], device="cpu", steps=1, finetune_steps=1, eval_sequences=2, sliding_sequences=2, passkey_count=1, probe_sequences=2,
                   depths=(0.5,), seeds=(0,))
     rows, _ = xp.run("alibi", 0, gpu, corpus)
     lengths = {r["eval_len"] for r in rows if r["protocol"] == "matched" and r["bucket"] == "all"}
@@ -254,13 +255,13 @@ def test_colab_preset_is_the_cpu_model_with_fewer_runs_and_its_estimate_adds_up(
     """colab: the cpu preset's model, data, steps and evaluation, six schemes, seed 0, on CUDA; under 10 minutes by the stated T4 cost."""
     cpu, colab = xp.PRESETS["cpu"], xp.PRESETS["colab"]
     assert replace(colab, name="cpu", seeds=cpu.seeds, threads=cpu.threads, jobs=cpu.jobs, device="cpu", schemes=None,
-                   variations=cpu.variations) == cpu
+                   variations=cpu.variations, ablations=cpu.ablations) == cpu
     assert colab.device == "cuda" and colab.seeds == (0,) and "rope" in colab.labels and 3 <= len(colab.labels) < len(xp.SCHEMES)
-    assert colab.variations == () and colab.runs == [(label, 0) for label in colab.labels]
+    assert colab.variations == colab.ablations == () and colab.runs == [(label, 0) for label in colab.labels]
     cost, t4 = xp.estimate(colab), xp.STEP_COSTS["t4"]
     fine_tunes = len(xp.rescalings(cpu)) + 1  # the extensions and the control at L
     steps = (len(colab.labels) - 1) * cpu.steps + cpu.steps + fine_tunes * cpu.finetune_steps
-    evaluations = len(colab.labels) + (fine_tunes + len(xp.rescalings(cpu)) - 1)  # rope: 4 zero-shot and 6 fine-tuned evaluations more
+    evaluations = len(colab.labels) + (fine_tunes + len(xp.rescalings(cpu)) - 1)  # rope: 5 zero-shot and 7 fine-tuned evaluations more
     assert (cost["steps"], cost["evaluations"]) == (steps, evaluations)
     assert cost["estimate_s"] == round(t4.fixed_s + steps * t4.step_s + evaluations * t4.evaluation_s, 1) < 600
     meta = json.loads((ROOT / "chapters" / "results" / "extrapolation_cpu.json").read_text())
@@ -277,6 +278,7 @@ def test_colab_preset_runs_end_to_end_on_the_emulated_device_where_read_result_f
     from posenc.study import results
 
     monkeypatch.setenv(results.ENV, str(tmp_path))
+    monkeypatch.setenv("POSENC_WEIGHTS", str(tmp_path / "weights"))
     schemes = ["alibi", "rope"]
     assert xp.main(["--preset", "colab", "--tiny", "--schemes", *schemes]) == 0
     meta = json.loads(results.read_result("extrapolation_colab_tiny.json", required=True))
@@ -288,7 +290,7 @@ def test_colab_preset_runs_end_to_end_on_the_emulated_device_where_read_result_f
 
 
 def test_check_on_the_command_line_reproduces_a_stored_run_bit_for_bit(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "POSENC_WEIGHTS": str(tmp_path / "weights")}
     base = [sys.executable, "-m", "posenc.study.extrapolation", "--preset", "smoke", "--out", str(tmp_path)]
     made = subprocess.run([*base, "--schemes", "alibi"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert made.returncode == 0, made.stderr[-3000:]

@@ -1,8 +1,9 @@
 """Scoring one trained model of the extrapolation study, at every length.
 
-`Evaluation` holds a preset's fixed validation sequences and passkey tests and scores a
-model on them (matched and sliding losses, passkey retrieval by depth);
-`attention_profile` records where each head attends.
+`Evaluation` holds a preset's fixed validation sequences, passkey tests and copy-probe
+sequences and scores a model on them (matched and sliding losses, passkey retrieval by
+depth, the copy probe of posenc.study.longcontext); `attention_profile` records where
+each head attends.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..core import attention
 from ..model import TinyTransformer
 from .evaluate import matched_losses, sliding_losses, spaced_starts
 from .extrapolation_presets import Preset
+from .longcontext import probe_distances, probe_sequences, segment_losses
 from .passkey import passkey_correct, test_batch
 
 if TYPE_CHECKING:  # run's World, which imports this module
@@ -66,6 +68,15 @@ class Evaluation:
             for f in preset.eval_factors
             for d in preset.depths
         }
+        # the copy probe: at length n, the earlier copy lies D = n - segment back
+        self.segment = max(1, L // 2)
+        self.distances = probe_distances(L, preset.eval_factors, self.segment)
+        self.probe_control, self.probe_copies, self.probe_reversed = None, {}, {}
+        if preset.probe_sequences:
+            args = (valid, preset.probe_sequences, longest, self.segment)
+            found = self.distances.values()
+            self.probe_control, self.probe_copies = probe_sequences(*args, found)
+            self.probe_reversed = probe_sequences(*args, found, reverse=True)[1]
 
     def _mine(self, x: torch.Tensor) -> torch.Tensor:
         return x[self.world.split(len(x))]
@@ -185,6 +196,57 @@ class Evaluation:
             )
         return rows, seqs
 
+    def probe(self, model) -> tuple[list[dict], list[dict]]:
+        """(rows, per-sequence rows) of the copy probe at every length: the loss of the
+        last segment of the control sequences (protocol "copy_control"), of each copy
+        (protocol "copy", bucket: its distance D) and of each reversed copy (protocol
+        "copy_reversed"), per sequence the segment's mean."""
+        rows, seqs = [], []
+        if self.probe_control is None:
+            return rows, seqs
+        for factor in self.preset.eval_factors:
+            n = factor * self.preset.train_len
+            sets = [("copy_control", "", self.probe_control)]
+            sets += [("copy", str(d), x) for d, x in self.probe_copies.items()]
+            sets += [
+                ("copy_reversed", str(d), x) for d, x in self.probe_reversed.items()
+            ]
+            for protocol, bucket, x in sets:
+                try:
+                    losses = self.world.gather(
+                        segment_losses(model, self._mine(x), n, self.segment)
+                    )
+                except ValueError as exc:  # a learned table has no row past it
+                    rows.append(
+                        {
+                            "protocol": protocol,
+                            "eval_len": n,
+                            "bucket": bucket,
+                            "metric": "loss",
+                            "value": math.nan,
+                            "note": str(exc).split(":")[0],
+                        }
+                    )
+                    continue
+                rows.append(
+                    {
+                        "protocol": protocol,
+                        "eval_len": n,
+                        "bucket": bucket,
+                        "metric": "loss",
+                        "value": float(losses.mean()),
+                    }
+                )
+                seqs.append(
+                    {
+                        "protocol": protocol,
+                        "eval_len": n,
+                        "bucket": bucket,
+                        "values": _as_text(losses.mean(1)),
+                    }
+                )
+        return rows, seqs
+
     def attention(self, model) -> list[dict]:
         """Rows of `attention_profile` on the first window of every matched sequence, at
         every length the model takes.
@@ -204,15 +266,16 @@ class Evaluation:
     ) -> tuple[list[dict], list[dict]]:
         lm_rows, lm_seqs = self.lm(model, buckets)
         pk_rows, pk_seqs = self.passkey(model)
+        cp_rows, cp_seqs = self.probe(model)
         tag = lambda rows, task: [{"task": task, **r} for r in rows]  # noqa: E731
         at_rows = (
             tag(self.attention(model), "attention")
             if attention and self.world.main
             else []
         )
-        return tag(lm_rows, "lm") + tag(pk_rows, "passkey") + at_rows, tag(
-            lm_seqs, "lm"
-        ) + tag(pk_seqs, "passkey")
+        rows = tag(lm_rows, "lm") + tag(pk_rows, "passkey") + tag(cp_rows, "copy")
+        seqs = tag(lm_seqs, "lm") + tag(pk_seqs, "passkey") + tag(cp_seqs, "copy")
+        return rows + at_rows, seqs
 
 
 @torch.no_grad()

@@ -1,13 +1,12 @@
-"""The extrapolation study's presets, its schemes and context extensions, and the time a
-preset will take on a GPU.
+"""The extrapolation study's presets: what a study trains, evaluates and varies.
 
 A `Preset` fixes everything that decides a number (model, data, steps, evaluation,
-seeds) except the device; `scheme_table` and `rescalings` name the runs. `estimate`
-counts a preset's optimizer steps and evaluations and turns them into seconds under a
-stated `StepCost` (an assumption, never a measurement); given the metadata of the stored
-`cpu` run it also sets the same runs' recorded CPU seconds beside the estimate. `tiny`
-shrinks a preset to the smoke preset's sizes for the tests and the chapter's emulated
-GPU.
+seeds) except the device; its `Variation`s train more models that change one thing (the
+head count, the learning rate, ALiBi's slopes), its `Ablation`s evaluate the kept RoPE
+weights another way. What each run's model is (`scheme_table`, the layer recipes,
+`rescalings`) is in posenc.study.extrapolation_layers, the time a preset takes in
+extrapolation_budget. `tiny` shrinks a preset to the smoke preset's sizes for the tests
+and the chapter's emulated GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +23,9 @@ SCHEMES = (
     "alibi",
     "window_rope",
     "window_nope",
-)  # the labels of scheme_table
+    "rnope_swa",
+    "irope",
+)  # the labels of scheme_table; the last two are layer recipes (extrapolation_layers)
 
 
 @dataclass(frozen=True)
@@ -42,21 +43,55 @@ class Variation:
     seeds: tuple[int, ...]
     num_heads: int | None = None
     lr: float | None = None
+    alibi_slopes: tuple[float, ...] | None = None  # ALiBi's slopes, one per head
 
     def __post_init__(self):
         object.__setattr__(self, "schemes", tuple(self.schemes))
         object.__setattr__(self, "seeds", tuple(self.seeds))
+        if self.alibi_slopes is not None:
+            object.__setattr__(self, "alibi_slopes", tuple(self.alibi_slopes))
+            if set(self.schemes) != {"alibi"}:
+                raise ValueError(
+                    f"variation {self.name!r} sets ALiBi's slopes: its schemes must be "
+                    f"('alibi',), got {list(self.schemes)}"
+                )
         unknown = sorted(set(self.schemes) - set(SCHEMES))
         if unknown or not self.schemes:
             raise ValueError(
                 f"variation {self.name!r}: schemes must be some of {sorted(SCHEMES)}, "
                 f"got {list(self.schemes)}"
             )
-        if not self.name.isidentifier() or (self.num_heads, self.lr) == (None, None):
+        if not self.name.isidentifier() or self.changes == {}:
             raise ValueError(
-                "a variation needs an identifier as its name and num_heads or lr to "
-                f"change, got {self!r}"
+                "a variation needs an identifier as its name and num_heads, lr or "
+                f"alibi_slopes to change, got {self!r}"
             )
+
+    @property
+    def changes(self) -> dict:
+        """The fields of the preset it changes, with their values."""
+        fields = ("num_heads", "lr", "alibi_slopes")
+        return {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """An evaluation-only run set on the weights of the RoPE model and its fine-tunes
+    (`name` one that extrapolation_layers.ablation_twins knows: "temperature"), for
+    some seeds.
+
+    Its runs are named "rope:name": they read the weights a study keeps in its weight
+    cache (extrapolation_weights) and retrain nothing; without the cache they retrain
+    the RoPE run first, with the same numbers.
+    """
+
+    name: str
+    seeds: tuple[int, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        if not self.name.isidentifier() or not self.seeds:
+            raise ValueError(f"an ablation needs a name and seeds, got {self!r}")
 
 
 @dataclass(frozen=True)
@@ -97,6 +132,9 @@ class Preset:
     variations: tuple[
         Variation, ...
     ] = ()  # run sets that change one thing (a stored preset gives them as dicts)
+    ablations: tuple[Ablation, ...] = ()  # evaluation-only run sets on RoPE's weights
+    alibi_slopes: tuple[float, ...] | None = None  # None: the paper's, for num_heads
+    probe_sequences: int = 0  # sequences of the copy probe (longcontext); 0: none
 
     def __post_init__(self):
         unknown = sorted(set(self.schemes or ()) - set(SCHEMES))
@@ -112,14 +150,23 @@ class Preset:
                 for v in self.variations
             ),
         )
+        object.__setattr__(
+            self,
+            "ablations",
+            tuple(
+                a if isinstance(a, Ablation) else Ablation(**a) for a in self.ablations
+            ),
+        )
+        if self.alibi_slopes is not None:
+            object.__setattr__(self, "alibi_slopes", tuple(self.alibi_slopes))
         changes = {}
         for v in (
             self.variations
         ):  # one name, one change: a name may come back with more schemes or seeds
-            if changes.setdefault(v.name, (v.num_heads, v.lr)) != (v.num_heads, v.lr):
+            if changes.setdefault(v.name, v.changes) != v.changes:
                 raise ValueError(
                     f"variations named {v.name!r} change different things: "
-                    f"{changes[v.name]} and {(v.num_heads, v.lr)}"
+                    f"{changes[v.name]} and {v.changes}"
                 )
         runs = self.runs
         if len(set(runs)) < len(runs):
@@ -131,15 +178,26 @@ class Preset:
     @property
     def runs(self) -> list[tuple[str, int]]:
         """Every (run, seed) of a study: the schemes with the preset's seeds, then each
-        variation's "scheme:name" runs.
+        variation's "scheme:name" runs, then each ablation's "rope:name" runs.
         """
         own = [(label, seed) for label in self.labels for seed in self.seeds]
-        return own + [
+        varied = [
             (f"{label}:{v.name}", seed)
             for v in self.variations
             for label in v.schemes
             for seed in v.seeds
         ]
+        return (
+            own
+            + varied
+            + [(f"rope:{a.name}", s) for a in self.ablations for s in a.seeds]
+        )
+
+    def ablation(self, run: str) -> Ablation | None:
+        """The Ablation a run name belongs to ("rope:name"), None for a training run."""
+        label, _, name = run.partition(":")
+        found = [a for a in self.ablations if a.name == name]
+        return found[0] if label == "rope" and found else None
 
     def for_run(self, run: str) -> tuple[str, str, Preset]:
         """(scheme label, variant, preset) of a run name: the variant is "trained" for
@@ -153,18 +211,15 @@ class Preset:
             )
         if not name:
             return label, "trained", self
+        if self.ablation(run) is not None:
+            return label, name, self
         variation = next((v for v in self.variations if v.name == name), None)
         if variation is None:
             raise ValueError(
                 f"unknown variation {name!r} in run {run!r}; this preset has "
                 f"{[v.name for v in self.variations]}"
             )
-        changes = {
-            k: getattr(variation, k)
-            for k in ("num_heads", "lr")
-            if getattr(variation, k) is not None
-        }
-        return label, name, replace(self, **changes, variations=())
+        return label, name, replace(self, **variation.changes, variations=())
 
     @property
     def sliding_stride(self) -> int:
@@ -201,15 +256,28 @@ _CPU = Preset(
     threads=1,
     jobs=2,
     variations=(
-        # what the results owe to two heads: 8 heads of 8, the same width and weights
-        # (ALiBi's slopes 1/2 ... 1/256)
-        Variation("heads8", SCHEMES, (0,), num_heads=8),
-        Variation("heads8", ("t5", "alibi"), (1, 2), num_heads=8),
+        # what the results owe to two heads (section 8.1): 8 heads of 8, the same width
+        # and weights (ALiBi's slopes 1/2 ... 1/256); NoPE, with no local prior, beside
+        Variation("heads8", ("nope", "t5", "alibi"), (0, 1, 2), num_heads=8),
+        # ALiBi's slopes apart from its head count: 2 heads with the slopes times 8 (at
+        # distance L the bias is then Press et al.'s at their L = 512), and 8 heads with
+        # the two slopes of 2 heads, four heads each
+        Variation("slopes_L", ("alibi",), (0, 1, 2), alibi_slopes=(1 / 2, 1 / 32)),
+        Variation(
+            "heads8_two_slopes",
+            ("alibi",),
+            (0, 1, 2),
+            num_heads=8,
+            alibi_slopes=(1 / 16,) * 4 + (1 / 256,) * 4,
+        ),
         # does the ranking hinge on the learning rate? half and twice the peak, two
         # schemes that rank apart past L
         Variation("lr_half", ("rope", "alibi"), (0,), lr=5e-3),
         Variation("lr_double", ("rope", "alibi"), (0,), lr=2e-2),
     ),
+    # YaRN's temperature apart from its frequencies, on the kept RoPE weights
+    ablations=(Ablation("temperature", (0, 1, 2, 3, 4)),),
+    probe_sequences=32,
 )
 PRESETS = {
     # seconds: the tests and the chapter's live slice
@@ -234,9 +302,10 @@ PRESETS = {
         depths=(0.0, 1.0),
         corpus_bytes=1_000_000,
         threads=1,
+        probe_sequences=4,
     ),
     # the committed results: this 2-core machine, two runs side by side on one thread
-    # each, about two hours (126 minutes for the stored run)
+    # each, about two and a half hours (extrapolation_budget.cpu_minutes)
     "cpu": _CPU,
     # a reader's GPU (Colab's T4): the cpu preset's model, data, steps and evaluation,
     # six schemes, seed 0; about 7 minutes
@@ -251,9 +320,10 @@ PRESETS = {
         device="cuda",
         schemes=("nope", "sinusoidal", "t5", "rope", "alibi", "window_rope"),
         variations=(),
+        ablations=(),
     ),
-    # one H100, about 10 minutes (not yet run): 4 layers of width 256 (8 heads of 32),
-    # 3.3 M parameters, L = 256
+    # one H100 (not yet run; its time by `estimate` under the stated "h100" StepCost):
+    # 4 layers of width 256 (8 heads of 32), 3.3 M parameters, L = 256
     "gpu": Preset(
         "gpu",
         dim=256,
@@ -273,6 +343,7 @@ PRESETS = {
         warmup=100,
         passkey_weight=0.25,
         device="cuda",
+        probe_sequences=128,
     ),  # the cpu preset's passkey share and weight
 }
 
@@ -289,51 +360,3 @@ def tiny(preset: Preset) -> Preset:
         seeds=preset.seeds[:1],
         threads=None,
     )
-
-
-def scheme_table(preset: Preset) -> dict[str, tuple[str, dict]]:
-    """Label -> (registry name, arguments) of every scheme trained from scratch."""
-    length = preset.train_len
-    window = max(2, length // 4)
-    return {
-        "nope": ("nope", {}),
-        "sinusoidal": ("sinusoidal", {}),
-        "learned": ("learned", {}),
-        "shaw": ("shaw", {"max_distance": max(1, length // 4)}),
-        "t5": ("t5", {"num_buckets": 16, "max_distance": length}),
-        "rope": ("rope", {}),
-        "alibi": ("alibi", {}),
-        "window_rope": ("sliding_window", {"window": window, "inner": "rope"}),
-        "window_nope": ("sliding_window", {"window": window}),
-    }
-
-
-# plain RoPE fine-tuned like the extensions but at L: what the fine-tune alone does to
-# the model
-CONTROL_AT_L = "rope_at_L"
-
-
-def rescalings(preset: Preset) -> dict[str, dict]:
-    """Label -> Rope arguments of the context extensions of the model trained with plain
-    RoPE ("rope": the control).
-    """
-    s, beyond, original = (
-        float(preset.finetune_factor),
-        float(preset.beyond_factor),
-        preset.train_len,
-    )
-    return {
-        "rope": {},
-        "rope_pi": {"rope_type": "linear", "factor": s},
-        "rope_ntk": {"rope_type": "ntk", "factor": s},
-        "rope_yarn": {
-            "rope_type": "yarn",
-            "factor": s,
-            "original_max_position_embeddings": original,
-        },
-        f"rope_yarn_x{preset.beyond_factor}": {
-            "rope_type": "yarn",
-            "factor": beyond,
-            "original_max_position_embeddings": original,
-        },
-    }

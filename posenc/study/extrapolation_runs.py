@@ -1,15 +1,16 @@
 """One run of the extrapolation study: train a scheme with a seed, evaluate it at every
-length, extend plain RoPE.
+length, extend plain RoPE; or evaluate kept RoPE weights another way (an ablation).
 
 `World` is one process or the share of one under torchrun; `train_model` is the training
-loop (the same updates for one process and several); `run` does one (scheme, seed),
-scored by posenc.study.extrapolation_eval's `Evaluation`. The study over many runs,
-its files and the command line are in posenc.study.extrapolation.
+loop (the same updates for one process and several); `train_run` trains one (scheme,
+seed) and, for plain RoPE, its fine-tuned extensions; `run` does one run, scored by
+posenc.study.extrapolation_eval's `Evaluation`, and keeps its weights in a
+posenc.study.extrapolation_weights.WeightCache when given one. The study over many
+runs, its files and the command line are in posenc.study.extrapolation.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 from dataclasses import dataclass
@@ -19,10 +20,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..model import TinyTransformer
-from ..qk.rope import Rope
 from .corpus import VOCAB_SIZE, sample_windows
 from .extrapolation_eval import Evaluation
-from .extrapolation_presets import CONTROL_AT_L, Preset, rescalings, scheme_table
+from .extrapolation_layers import (
+    CONTROL_AT_L,
+    RECIPES,
+    SlopedALiBi,
+    ablation_twins,
+    recipe_layers,
+    rescalings,
+    scheme_table,
+    with_rope,
+)
+from .extrapolation_presets import Preset
+from .extrapolation_weights import WeightCache
 from .passkey import training_batches
 from .tasks import IGNORE_INDEX
 
@@ -52,18 +63,6 @@ SEQUENCE_COLUMNS = [
     "values",
     "bucket",
 ]
-
-
-def with_rope(model: TinyTransformer, **rope_args) -> TinyTransformer:
-    """A copy of a RoPE model whose every layer uses a rescaled RoPE (the weights are
-    copied by value).
-    """
-    twin = copy.deepcopy(model)
-    for block in twin.blocks:
-        block.scheme = Rope(block.scheme.head_dim, **rope_args).to(
-            next(twin.parameters()).device
-        )
-    return twin
 
 
 # --- processes: one, or several under torchrun
@@ -189,17 +188,32 @@ def train_model(
 
 
 def build_model(label: str, preset: Preset, device) -> TinyTransformer:
+    """The model of a scheme (or a layer recipe) at the preset's sizes, on `device`;
+    with the preset's `alibi_slopes` where it sets ALiBi's."""
     name, args = scheme_table(preset)[label]
-    model = TinyTransformer(
-        VOCAB_SIZE,
-        dim=preset.dim,
-        num_heads=preset.num_heads,
-        num_layers=preset.num_layers,
-        scheme=name,
-        scheme_args=args,
-        max_len=preset.train_len,
-        backend="sdpa",
-    )
+    sizes = dict(dim=preset.dim, num_heads=preset.num_heads, backend="sdpa")
+    if label in RECIPES:
+        model = TinyTransformer(
+            VOCAB_SIZE, scheme=recipe_layers(label, preset), **sizes
+        )
+    else:
+        model = TinyTransformer(
+            VOCAB_SIZE,
+            num_layers=preset.num_layers,
+            scheme=name,
+            scheme_args=args,
+            max_len=preset.train_len,
+            **sizes,
+        )
+    if label == "alibi" and preset.alibi_slopes is not None:
+        if len(preset.alibi_slopes) != preset.num_heads:
+            raise ValueError(
+                f"{len(preset.alibi_slopes)} ALiBi slopes for {preset.num_heads} heads"
+            )
+        sloped = SlopedALiBi(preset.alibi_slopes)  # no parameters: the same init
+        model.input_scheme = sloped
+        for block in model.blocks:
+            block.scheme = sloped
     if any(
         block.scheme.needs_weights for block in model.blocks
     ):  # Shaw's value term needs the weights: explicit backend
@@ -208,25 +222,16 @@ def build_model(label: str, preset: Preset, device) -> TinyTransformer:
     return model.to(device)
 
 
-def run(
-    name: str,
-    seed: int,
-    preset: Preset,
-    corpus,
-    evaluation: Evaluation | None = None,
-    world: World = World(),
-    device=None,
-) -> tuple[list[dict], list[dict]]:
-    """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it
-    at every length.
+def train_run(
+    label: str, variant: str, seed: int, preset: Preset, corpus, world, device
+) -> tuple[TinyTransformer, list[float], dict[str, TinyTransformer]]:
+    """Train one scheme with one seed: (model, loss of every step, fine-tuned twins).
 
-    The model trained with plain RoPE (not a variation's) then goes on to its context
-    extensions and to the control fine-tuned at L. A variation's preset differs only in
-    what it changes; the evaluation sequences and tests are the preset's own.
+    The model trained with plain RoPE (variant "trained") goes on to its context
+    extensions, each fine-tuned at 4L on text only, and to the control fine-tuned at L;
+    the twins are keyed by their labels (rescalings, CONTROL_AT_L). Every fine-tune
+    starts from the same seed, so the twins do not depend on their order.
     """
-    device = torch.device(preset.device) if device is None else device
-    evaluation = Evaluation(corpus, preset, world) if evaluation is None else evaluation
-    label, variant, preset = preset.for_run(name)
     L = preset.train_len
     torch.manual_seed(seed)
     model = build_model(label, preset, device)
@@ -240,6 +245,59 @@ def run(
     losses = train_model(
         model, preset.steps, preset.lr, preset.warmup, mixed, world, device
     )
+    twins = {}
+    if label != "rope" or variant != "trained":
+        return model, losses, twins
+
+    def fine_tune(twin, length):
+        # text only, the same bytes a step at every length: batch x length
+        torch.manual_seed(seed)
+        rows_ = max(1, preset.batch_size * L // length)
+        train_model(
+            twin,
+            preset.finetune_steps,
+            preset.finetune_lr,
+            max(1, preset.warmup // 2),
+            lambda step: [
+                (*lm_batch(corpus.train, length, rows_, seed + 512, step), 1.0)
+            ],
+            world,
+            device,
+        )
+        return twin
+
+    for twin_label, rope_args in rescalings(preset).items():
+        twins[twin_label] = fine_tune(
+            with_rope(model, **rope_args), preset.finetune_factor * L
+        )
+    twins[CONTROL_AT_L] = fine_tune(with_rope(model), L)
+    return model, losses, twins
+
+
+def run(
+    name: str,
+    seed: int,
+    preset: Preset,
+    corpus,
+    evaluation: Evaluation | None = None,
+    world: World = World(),
+    device=None,
+    weights: WeightCache | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """Train one scheme (or a variation's "scheme:name") with one seed and evaluate it
+    at every length; or evaluate an ablation's "rope:name" on the RoPE run's weights.
+
+    The model trained with plain RoPE (not a variation's) is evaluated zero-shot with
+    each context extension, then after each fine-tune, then the control fine-tuned at
+    L. A variation's preset differs only in what it changes; the evaluation sequences
+    and tests are the preset's own. With `weights`, a trained run keeps its models
+    there, and an ablation reads them (without, or where they are missing, it trains
+    the RoPE run again: the same weights).
+    """
+    device = torch.device(preset.device) if device is None else device
+    evaluation = Evaluation(corpus, preset, world) if evaluation is None else evaluation
+    study_preset, ablation = preset, preset.ablation(name)
+    label, variant, preset = preset.for_run(name)
     rows, seqs = [], []
 
     def record(variant_label, variant, m, trained=False):
@@ -247,47 +305,40 @@ def run(
         rows.extend({"scheme": variant_label, "variant": variant, **x} for x in r)
         seqs.extend({"scheme": variant_label, "variant": variant, **x} for x in s)
 
-    record(label, variant, model, trained=True)
-    tail = losses[-max(1, preset.steps // 20) :]
-    rows.append(
-        {
-            "task": "lm+passkey",
-            "scheme": label,
-            "variant": variant,
-            "protocol": "train",
-            "eval_len": L,
-            "metric": "train_loss_end",
-            "value": sum(tail) / len(tail),
-        }
-    )
-    if label == "rope" and variant == "trained":
-
-        def fine_tune(
-            twin, length
-        ):  # text only, the same bytes a step at every length: batch x length
-            torch.manual_seed(seed)
-            rows_ = max(1, preset.batch_size * L // length)
-            train_model(
-                twin,
-                preset.finetune_steps,
-                preset.finetune_lr,
-                max(1, preset.warmup // 2),
-                lambda step: [
-                    (*lm_batch(corpus.train, length, rows_, seed + 512, step), 1.0)
-                ],
-                world,
-                device,
-            )
-
-        for variant_label, rope_args in rescalings(preset).items():
-            twin = with_rope(model, **rope_args)
+    if ablation is not None:
+        states = rope_weights(seed, study_preset, corpus, world, device, weights)
+        base = build_model("rope", study_preset, device)
+        for twin in ablation_twins(ablation.name, study_preset):
+            base.load_state_dict(states[twin.source])
+            model = with_rope(base, twin.temperature, **twin.rope_args)
+            record(twin.label, twin.variant, model)
+    else:
+        model, losses, twins = train_run(
+            label, variant, seed, preset, corpus, world, device
+        )
+        if weights is not None and world.main:
+            weights.save(study_preset, name, seed, {"trained": model, **twins})
+        if world.size > 1:
+            dist.barrier()  # an ablation may read them next, in any process
+        record(label, variant, model, trained=True)
+        tail = losses[-max(1, preset.steps // 20) :]
+        rows.append(
+            {
+                "task": "lm+passkey",
+                "scheme": label,
+                "variant": variant,
+                "protocol": "train",
+                "eval_len": preset.train_len,
+                "metric": "train_loss_end",
+                "value": sum(tail) / len(tail),
+            }
+        )
+        for twin_label, rope_args in rescalings(preset).items() if twins else ():
             if rope_args:
-                record(variant_label, "zero-shot", twin)
-            fine_tune(twin, preset.finetune_factor * L)
-            record(variant_label, "fine-tuned", twin)
-        twin = with_rope(model)
-        fine_tune(twin, L)
-        record(CONTROL_AT_L, "fine-tuned", twin)
+                record(twin_label, "zero-shot", with_rope(model, **rope_args))
+            record(twin_label, "fine-tuned", twins[twin_label])
+        if twins:
+            record(CONTROL_AT_L, "fine-tuned", twins[CONTROL_AT_L])
     full = [
         {
             "preset": preset.name,
@@ -300,3 +351,18 @@ def run(
         for r in rows
     ]
     return full, [{"seed": seed, "depth": "", "bucket": "", **s} for s in seqs]
+
+
+def rope_weights(seed, preset, corpus, world, device, weights=None) -> dict:
+    """Label -> state dict of the RoPE run of `seed` ("trained" and its fine-tuned
+    twins): from `weights` where kept there, else trained again (and kept)."""
+    states = None if weights is None else weights.load(preset, "rope", seed)
+    if states is None:
+        model, _, twins = train_run(
+            "rope", "trained", seed, preset, corpus, world, device
+        )
+        models = {"trained": model, **twins}
+        if weights is not None and world.main:
+            weights.save(preset, "rope", seed, models)
+        states = {k: m.state_dict() for k, m in models.items()}
+    return states

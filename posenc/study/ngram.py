@@ -6,6 +6,15 @@ context c of the n-1 previous bytes. Counting is one sort: every n-gram of the t
 bytes is packed into one int64 (8 bits a byte), `torch.unique` counts them, and the
 counts of the validation n-grams are found with `torch.searchsorted`. A 4-gram over 30
 MB takes seconds.
+
+An add-k model has no backoff: a context never seen gives the uniform guess. The
+interpolated Witten-Bell model (`witten_bell_losses`) mixes every order with the one
+below it, p_n(x | c) = (count(c, x) + T(c) p_{n-1}(x | c')) / (count(c) + T(c)), where
+T(c) is the number of distinct bytes seen after c and c' is c without its first byte;
+the unigram is mixed with the uniform guess the same way. It is the baseline that
+bites: a byte 6-gram of this kind counts every context of five bytes in the training
+split. `target_baselines` scores all of them on the very bytes a study's models are
+scored on.
 """
 
 from __future__ import annotations
@@ -117,3 +126,85 @@ def ngram_baselines(
         out[names.get(n, f"{n}gram")] = {"loss": round(losses[best], 4), "k": best}
     assert all(math.isfinite(v["loss"]) for v in out.values())
     return out
+
+
+def witten_bell_losses(
+    train: torch.Tensor, valid: torch.Tensor, order: int = 6
+) -> dict[int, torch.Tensor]:
+    """Order -> loss (nats) of every validation byte under the interpolated Witten-Bell
+    byte n-gram of that order, for orders 1 to `order` (at most 7: 56 bits a code).
+
+    Aligned like byte_losses: entry t scores valid[t], the missing context before the
+    split's first bytes taken from newlines. Contexts count where a next byte follows
+    them in `train`, as in ngram_counts.
+    """
+    if not 1 <= positive_int("order", order) <= 7:
+        raise ValueError(
+            f"order must be in [1, 7] (codes of 8 bits a byte), got {order}"
+        )
+    padded = torch.cat(
+        (torch.full((order - 1,), ord("\n"), dtype=valid.dtype), valid)
+    ).to(torch.int64)
+    counts = torch.bincount(train.to(torch.int64), minlength=VOCAB).double()
+    seen = float((counts > 0).sum())
+    unigram = (counts + seen / VOCAB) / (len(train) + seen)
+    prob = unigram[valid.to(torch.int64)]
+    out = {1: -torch.log(prob)}
+    for n in range(2, order + 1):
+        keys, joint_counts = _table(train, n)
+        context_keys, inverse, types = torch.unique(
+            keys // VOCAB, sorted=True, return_inverse=True, return_counts=True
+        )
+        context_counts = torch.zeros(len(context_keys), dtype=torch.int64)
+        context_counts.scatter_add_(0, inverse, joint_counts)
+        codes = _codes(padded[order - n :], n)  # entry t ends with valid[t]
+        joint = _lookup((keys, joint_counts), codes).double()
+        context = _lookup((context_keys, context_counts), codes // VOCAB).double()
+        distinct = _lookup((context_keys, types), codes // VOCAB).double()
+        mixed = (joint + distinct * prob) / (context + distinct).clamp(min=1)
+        prob = torch.where(context > 0, mixed, prob)
+        out[n] = -torch.log(prob)
+    return out
+
+
+def target_baselines(
+    train: torch.Tensor, valid: torch.Tensor, targets: dict, order: int = 6
+) -> dict:
+    """The n-gram baselines of a study, as its metadata stores them.
+
+    `targets` maps a protocol to the (sequences, bytes) indices of its target bytes in
+    `valid`. Returns "ngram_baselines" and "ngram_add_k" (the add-k bigram to 4-gram on
+    the whole validation split, k chosen there), "ngram_interpolated" (Witten-Bell
+    orders 1 to `order` on the whole split), and per protocol "ngram_targets" (each
+    sequence's mean loss on its targets, as text) and "ngram_on_targets" (their mean)
+    for the add-k models ("bigram", "trigram", "4gram") and the Witten-Bell ones from
+    order 3 ("wb3" ... "wb6").
+    """
+    baselines = ngram_baselines(train, valid)
+    add_k = {k: v["k"] for k, v in baselines.items()}
+    per_byte = {
+        name: byte_losses(train, valid, n, add_k[name])
+        for n, name in ((2, "bigram"), (3, "trigram"), (4, "4gram"))
+    }
+    interpolated = witten_bell_losses(train, valid, order)
+    per_byte.update({f"wb{n}": interpolated[n] for n in range(3, order + 1)})
+    return {
+        "ngram_baselines": {k: v["loss"] for k, v in baselines.items()},
+        "ngram_add_k": add_k,
+        "ngram_interpolated": {
+            f"wb{n}": round(float(v.mean()), 4) for n, v in interpolated.items()
+        },
+        "ngram_targets": {
+            proto: {
+                k: " ".join(f"{v:.4f}" for v in losses[at].mean(1).tolist())
+                for k, losses in per_byte.items()
+            }
+            for proto, at in targets.items()
+        },
+        "ngram_on_targets": {
+            proto: {
+                k: round(float(losses[at].mean()), 4) for k, losses in per_byte.items()
+            }
+            for proto, at in targets.items()
+        },
+    }
