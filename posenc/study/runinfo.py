@@ -50,6 +50,9 @@ NOT_BENCHMARKED = frozenset(
         "study/corpus.py",
         "study/evaluate.py",
         "study/extrapolation.py",
+        "study/extrapolation_check.py",
+        "study/extrapolation_layers.py",
+        "study/extrapolation_weights.py",
         "study/extrapolation_presets.py",
         "study/extrapolation_eval.py",
         "study/extrapolation_budget.py",
@@ -57,12 +60,14 @@ NOT_BENCHMARKED = frozenset(
         "study/gpu.py",
         "study/gpu_chapters.py",
         "study/gpu_stages.py",
+        "study/longcontext.py",
         "study/ngram.py",
         "study/passkey.py",
         "study/results.py",
         "study/runinfo.py",
         "study/summary.py",
         "study/tasks.py",
+        "study/verdicts.py",
     }
 )
 
