@@ -334,10 +334,13 @@ def test_the_cpu_preset_is_priced_from_the_stored_run_within_two_and_a_half_hour
     meta = json.loads((ROOT / "chapters" / "results" / "extrapolation_cpu.json").read_text())
     seconds = budget.cpu_seconds(cpu, meta)
     assert set(seconds) == set(cpu.runs)
-    recorded = pd.Series(meta["wall_seconds"]).groupby(lambda k: k.rpartition("/")[0]).mean()
+    # a recorded run costs what its fastest seed cost (the others were slowed or paused beside other work), plus
+    # what is new in it
+    recorded = pd.Series(meta["wall_seconds"]).groupby(lambda k: k.rpartition("/")[0]).min()
     priced = pd.Series(seconds).groupby(level=0).mean()
-    for run in set(recorded.index) & set(priced.index):  # a recorded run costs what it cost, plus what is new in it
-        assert recorded[run] <= priced[run] <= recorded[run] + 2 * budget.CPU_FINETUNE_S + 13 * budget.CPU_PROBE_S, run
+    for run in set(recorded.index) & set(priced.index):
+        base = recorded[budget.ANALOGUES.get(run, run)]  # a run priced from its analogue's
+        assert base - 1e-9 <= priced[run] <= base + 2 * budget.CPU_FINETUNE_S + 13 * budget.CPU_PROBE_S, run
     assert budget.wall_minutes(cpu, seconds) <= 155  # "at most about two and a half hours"
     assert budget.wall_minutes(replace(cpu, jobs=1), seconds) == pytest.approx(sum(seconds.values()) / 60 + 2)
     assert xp.run_counts(cpu, "rope:temperature") == (0, 7) and xp.run_counts(cpu, "rope") == (2500 + 7 * 200, 13)

@@ -140,23 +140,27 @@ def estimate(
 
 def cpu_seconds(preset: Preset, recorded: dict) -> dict[tuple[str, int], float]:
     """Single-thread seconds of every (run, seed) of a cpu-like preset, from a stored
-    run's metadata (`recorded`, its wall_seconds): a run it recorded takes the mean of
-    its recorded seeds (or of its ANALOGUES entry); what it did not record is priced at
-    CPU_EVALUATION_S, CPU_PROBE_S and CPU_FINETUNE_S (evaluations and fine-tunes a run
-    has beyond the recorded one, the copy probe where the recorded run had none)."""
+    run's metadata (`recorded`, its wall_seconds): a run it recorded takes the least of
+    its recorded seeds (or of its ANALOGUES entry: the seeds do the same work, and a
+    run slowed or paused beside other work only takes longer); what it did not record
+    is priced at CPU_EVALUATION_S, CPU_PROBE_S and CPU_FINETUNE_S (evaluations and
+    fine-tunes a run has beyond the recorded one, the copy probe where the recorded run
+    had none)."""
     wall, old = recorded.get("wall_seconds", {}), Preset(**_config(recorded))
     had_probe = bool(getattr(old, "probe_sequences", 0))
     out = {}
     for run, seed in preset.runs:
         steps, evaluations = run_counts(preset, run)
-        if preset.ablation(run):
-            out[(run, seed)] = evaluations * (CPU_EVALUATION_S + CPU_PROBE_S)
+        if preset.ablation(run):  # its recorded seconds, or its evaluations priced
+            mine = [v for k, v in wall.items() if k.rpartition("/")[0] == run]
+            priced = evaluations * (CPU_EVALUATION_S + CPU_PROBE_S)
+            out[(run, seed)] = min(mine) if mine else priced
             continue
         base = ANALOGUES.get(run, run)
         seconds = [v for k, v in wall.items() if k.rpartition("/")[0] == base]
         if not seconds:
             raise ValueError(f"no recorded run like {run!r} in the metadata")
-        value = sum(seconds) / len(seconds)
+        value = min(seconds)
         old_steps, old_evaluations = recorded.get("run_counts", {}).get(
             base
         ) or FIRST_RUN_COUNTS.get(base, run_counts(old, base))
