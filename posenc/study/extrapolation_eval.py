@@ -29,6 +29,25 @@ def _bucket(b: int, width: int) -> str:
     return f"{b * width}-{(b + 1) * width}"
 
 
+def _row(protocol: str, n: int, value: float, metric: str = "loss", **keys) -> dict:
+    """One result row: a protocol's metric at evaluation length n (keys: its bucket or
+    depth)."""
+    return {
+        "protocol": protocol,
+        "eval_len": n,
+        **keys,
+        "metric": metric,
+        "value": value,
+    }
+
+
+def _unreached(protocol: str, n: int, error: Exception, metric="loss", **keys) -> dict:
+    """The row of a length the model cannot take (a learned table has no row past it):
+    no value, the error's first words as its note."""
+    note = str(error).split(":")[0]
+    return {**_row(protocol, n, math.nan, metric, **keys), "note": note}
+
+
 def _as_text(values: torch.Tensor) -> str:
     """Per-sequence losses as the sequences file stores them: space-separated, 4
     decimals.
@@ -102,29 +121,13 @@ class Evaluation:
                     )
                 )
             except ValueError as exc:  # a learned table has no row past its length
-                note = str(exc).split(":")[0]
                 rows += [
-                    {
-                        "protocol": proto,
-                        "eval_len": n,
-                        "bucket": "all",
-                        "metric": "loss",
-                        "value": math.nan,
-                        "note": note,
-                    }
+                    _unreached(proto, n, exc, bucket="all")
                     for proto in ("matched", "sliding")
                 ]
                 continue
             for proto, losses in (("matched", matched), ("sliding", sliding)):
-                rows.append(
-                    {
-                        "protocol": proto,
-                        "eval_len": n,
-                        "bucket": "all",
-                        "metric": "loss",
-                        "value": float(losses.mean()),
-                    }
-                )
+                rows.append(_row(proto, n, float(losses.mean()), bucket="all"))
                 seqs.append(
                     {
                         "protocol": proto,
@@ -147,15 +150,8 @@ class Evaluation:
                 ]
             per_position = matched.mean(0)
             for b in range(len(per_position) // L):
-                rows.append(
-                    {
-                        "protocol": "matched",
-                        "eval_len": n,
-                        "bucket": _bucket(b, L),
-                        "metric": "loss",
-                        "value": float(per_position[b * L : (b + 1) * L].mean()),
-                    }
-                )
+                mean = float(per_position[b * L : (b + 1) * L].mean())
+                rows.append(_row("matched", n, mean, bucket=_bucket(b, L)))
         return rows, seqs
 
     def passkey(self, model) -> tuple[list[dict], list[dict]]:
@@ -166,26 +162,10 @@ class Evaluation:
                     passkey_correct(model, self._mine(x), self._mine(y))
                 )
             except ValueError as exc:
-                rows.append(
-                    {
-                        "protocol": "passkey",
-                        "eval_len": n,
-                        "depth": depth,
-                        "metric": "exact_match",
-                        "value": math.nan,
-                        "note": str(exc).split(":")[0],
-                    }
-                )
+                rows.append(_unreached("passkey", n, exc, "exact_match", depth=depth))
                 continue
-            rows.append(
-                {
-                    "protocol": "passkey",
-                    "eval_len": n,
-                    "depth": depth,
-                    "metric": "exact_match",
-                    "value": float(correct.double().mean()),
-                }
-            )
+            match = float(correct.double().mean())
+            rows.append(_row("passkey", n, match, "exact_match", depth=depth))
             seqs.append(
                 {
                     "protocol": "passkey",
@@ -217,26 +197,9 @@ class Evaluation:
                         segment_losses(model, self._mine(x), n, self.segment)
                     )
                 except ValueError as exc:  # a learned table has no row past it
-                    rows.append(
-                        {
-                            "protocol": protocol,
-                            "eval_len": n,
-                            "bucket": bucket,
-                            "metric": "loss",
-                            "value": math.nan,
-                            "note": str(exc).split(":")[0],
-                        }
-                    )
+                    rows.append(_unreached(protocol, n, exc, bucket=bucket))
                     continue
-                rows.append(
-                    {
-                        "protocol": protocol,
-                        "eval_len": n,
-                        "bucket": bucket,
-                        "metric": "loss",
-                        "value": float(losses.mean()),
-                    }
-                )
+                rows.append(_row(protocol, n, float(losses.mean()), bucket=bucket))
                 seqs.append(
                     {
                         "protocol": protocol,
